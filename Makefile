@@ -1,0 +1,48 @@
+# SOLARIS: `make demo` runs the main job on the embedded default, `make test` runs the test suite.
+# Both create the virtualenv and install the pinned dependencies first.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: install demo test sql spark-sql bench-ingest clean help
+
+help:
+	@echo "make demo    - install, then run the main job on a synthetic log (local Spark, Delta lake in ./lake)"
+	@echo "make test    - install, then run the whole test suite"
+	@echo "make sql Q='SELECT ...'  - run SQL over the feature tables"
+	@echo "make spark-sql           - interactive spark-sql on the same catalog"
+	@echo "make bench-ingest        - ingestion benchmark on the real logs in ../shared/datasets"
+
+$(STAMP): requirements.txt requirements.lock pyproject.toml
+	@command -v java >/dev/null || { echo "Java 17 is required for Spark (Debian: apt-get install openjdk-17-jre-headless)" >&2; exit 1; }
+	@test -n "$(PYTHON)" || { echo "Python 3.11 is required" >&2; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt -c requirements.lock
+	$(PY) -m pip install --quiet --no-deps -e .
+	$(PY) -c "import pyspark.sql, delta, torch, faiss, great_expectations, deltalake, airflow; print('installed: pyspark', pyspark.__version__, '| torch', torch.__version__)"
+	@touch $@
+
+install: $(STAMP)
+
+demo: install
+	$(PY) -m spark_jobs.pipeline $(ARGS)
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+sql: install
+	@test -n "$(Q)" || { echo "usage: make sql Q='SELECT count(*) FROM solaris.request_log'" >&2; exit 2; }
+	$(PY) -m include.sql "$(Q)"
+
+spark-sql: install
+	PATH="$(abspath $(VENV))/bin:$$PATH" spark-sql --properties-file "$$($(PY) -m include.spark)"
+
+bench-ingest: install
+	$(PY) benchmarks/bench_ingest.py
+
+clean:
+	rm -rf lake data benchmarks/out .pytest_cache

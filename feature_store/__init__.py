@@ -1,0 +1,1 @@
+"""Table declarations, data-quality checks and (later) the online lookup."""

@@ -1,0 +1,1 @@
+"""Shared plumbing: typed config, the Spark session factory, the SQL entry point, synthetic data."""

@@ -1,0 +1,154 @@
+"""Typed configuration for SOLARIS.
+
+Defaults run the embedded setup: local Spark, a Delta lake under ./lake, a Derby metastore
+beside it. A TOML file (``--config`` or ``SOLARIS_CONFIG``) overrides any field; unknown keys
+are rejected so a typo never silently falls back to a default. Only deployment values come
+from the environment: ``SOLARIS_LAKE_ROOT`` and ``SOLARIS_SPARK_MASTER``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration file or value that SOLARIS cannot use."""
+
+
+@dataclass(frozen=True)
+class LakeConfig:
+    root: str = "lake"  # relative paths resolve against the working directory
+    database: str = "solaris"  # catalog database the tables are registered in
+
+    @property
+    def root_path(self) -> Path:
+        return Path(self.root).expanduser().resolve()
+
+    @property
+    def tables_path(self) -> Path:
+        return self.root_path / "tables"
+
+    @property
+    def warehouse_path(self) -> Path:
+        return self.root_path / "warehouse"
+
+    @property
+    def metastore_path(self) -> Path:
+        return self.root_path / "metastore_db"
+
+    @property
+    def quality_path(self) -> Path:
+        return self.root_path / "quality"
+
+    def table_path(self, name: str) -> Path:
+        return self.tables_path / name
+
+
+@dataclass(frozen=True)
+class SparkConfig:
+    master: str = "local[*]"  # a spark:// URL or yarn/k8s master points the same code at a cluster
+    app_name: str = "solaris"
+    shuffle_partitions: int = 8  # small lake by default; raise on a cluster
+    driver_memory: str = "4g"
+    ui_enabled: bool = False
+    # Extra Spark settings passed through untouched (e.g. {"spark.executor.memory": "8g"}).
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ClickLogConfig:
+    """How a click-only log becomes requests with candidate lists (see spark_jobs/candidates.py)."""
+
+    negatives_per_click: int = 9  # K: candidates shown beside the clicked item
+    window_hours: int = 1  # W: popularity is counted over the W whole hours before the click's hour
+    pool_size: int = 50  # K negatives are drawn from the pool of the window's most clicked items
+    seed: int = 7
+
+
+@dataclass(frozen=True)
+class QualityConfig:
+    """Data-quality bounds checked with great-expectations on every ingested slice."""
+
+    min_ts: str = "2000-01-01T00:00:00"  # UTC; rows outside [min_ts, max_ts) are quarantined
+    max_ts: str = "2100-01-01T00:00:00"
+    max_candidates_per_request: int = 500
+
+
+@dataclass(frozen=True)
+class SolarisConfig:
+    lake: LakeConfig = field(default_factory=LakeConfig)
+    spark: SparkConfig = field(default_factory=SparkConfig)
+    clicklog: ClickLogConfig = field(default_factory=ClickLogConfig)
+    quality: QualityConfig = field(default_factory=QualityConfig)
+
+    def with_overrides(self, **sections: dict[str, Any]) -> "SolarisConfig":
+        """A copy with some fields replaced, e.g. ``cfg.with_overrides(lake={"root": "/tmp/x"})``."""
+        return _build(SolarisConfig, _merge(dataclasses.asdict(self), sections), "")
+
+
+def load_config(path: str | os.PathLike | None = None, env: dict[str, str] | None = None) -> SolarisConfig:
+    """Defaults, then the TOML file (argument or ``SOLARIS_CONFIG``), then deployment env vars."""
+    env = os.environ if env is None else env
+    data: dict[str, Any] = {}
+    path = path or env.get("SOLARIS_CONFIG")
+    if path:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            data = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config file {p} is not valid TOML: {e}") from e
+    if env.get("SOLARIS_LAKE_ROOT"):
+        data = _merge(data, {"lake": {"root": env["SOLARIS_LAKE_ROOT"]}})
+    if env.get("SOLARIS_SPARK_MASTER"):
+        data = _merge(data, {"spark": {"master": env["SOLARIS_SPARK_MASTER"]}})
+    return _build(SolarisConfig, data, "")
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "extra":
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _build(cls: type, data: dict[str, Any], where: str):
+    if not isinstance(data, dict):
+        raise ConfigError(f"[{where or 'root'}] must be a table, got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown config key(s) in [{where or 'root'}]: {', '.join(unknown)}; "
+                          f"known: {', '.join(sorted(fields))}")
+    kwargs: dict[str, Any] = {}
+    for name, value in data.items():
+        f = fields[name]
+        key = f"{where}.{name}" if where else name
+        section = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+        if section is not None and dataclasses.is_dataclass(section):
+            kwargs[name] = _build(section, value, key)
+        else:
+            kwargs[name] = _check_type(f, value, key)
+    return cls(**kwargs)
+
+
+def _check_type(f: dataclasses.Field, value: Any, key: str) -> Any:
+    expected = {"str": str, "int": int, "float": (int, float), "bool": bool,
+                "dict[str, str]": dict}.get(str(f.type))
+    if expected is None:
+        return value
+    # bool is an int in Python; reject it where an int is meant so `true` is not read as 1.
+    if isinstance(value, bool) and expected is not bool:
+        raise ConfigError(f"config key {key} must be {f.type}, got a boolean")
+    if not isinstance(value, expected):
+        raise ConfigError(f"config key {key} must be {f.type}, got {type(value).__name__} {value!r}")
+    return value

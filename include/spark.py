@@ -1,0 +1,113 @@
+"""The one SparkSession factory: Delta Lake extension and catalog, a persistent metastore, UTC.
+
+Every job, test and the SQL entry point get their session here, so a table written by one is
+addressable by name (``solaris.request_log``) from the others and from ``spark-sql``.
+
+The embedded default keeps a Derby metastore under the lake root. Derby admits one JVM at a
+time: run the SQL entry point after a job, not during it. A cluster deployment points
+``spark.extra`` at a shared Hive metastore instead.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from include.config import SolarisConfig
+
+LOG4J = Path(__file__).with_name("log4j2.properties")
+
+
+def spark_conf(cfg: SolarisConfig) -> dict[str, str]:
+    """Every setting the session needs, as plain key/values (also fed to ``spark-sql --conf``)."""
+    lake = cfg.lake
+    lake.root_path.mkdir(parents=True, exist_ok=True)
+    conf = {
+        "spark.app.name": cfg.spark.app_name,
+        "spark.master": cfg.spark.master,
+        "spark.jars.packages": delta_package(),
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        "spark.sql.catalogImplementation": "hive",
+        "spark.sql.warehouse.dir": str(lake.warehouse_path),
+        "spark.hadoop.javax.jdo.option.ConnectionURL":
+            f"jdbc:derby:;databaseName={lake.metastore_path};create=true",
+        # Derby writes derby.log into the working directory unless told otherwise.
+        "spark.driver.extraJavaOptions": f"-Dderby.system.home={lake.root_path} "
+                                         f"-Dlog4j2.configurationFile=file:{LOG4J}",
+        # Event times are UTC everywhere: parsing, partition dates and display.
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": str(cfg.spark.shuffle_partitions),
+        "spark.driver.memory": cfg.spark.driver_memory,
+        "spark.ui.enabled": str(cfg.spark.ui_enabled).lower(),
+        # Python workers must run this interpreter, which has torch, faiss and the project.
+        "spark.pyspark.python": sys.executable,
+        "spark.pyspark.driver.python": sys.executable,
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.databricks.delta.schema.autoMerge.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        # Delta rebuilds table state with this many tasks; its default (50) dominates small local jobs.
+        "spark.databricks.delta.snapshotPartitions": str(cfg.spark.shuffle_partitions),
+    }
+    if cfg.spark.master.startswith("local"):
+        conf["spark.driver.host"] = "127.0.0.1"
+        conf["spark.driver.bindAddress"] = "127.0.0.1"
+    conf.update(cfg.spark.extra)
+    return conf
+
+
+def delta_package() -> str:
+    """The Maven coordinate of the Delta jars matching the installed delta-spark and pyspark.
+
+    Spark resolves it from Maven Central on first use and keeps it in the Ivy cache (~/.ivy2*).
+    """
+    from importlib.metadata import version
+
+    import pyspark
+
+    spark_minor = ".".join(pyspark.__version__.split(".")[:2])
+    return f"io.delta:delta-spark_{spark_minor}_2.13:{version('delta-spark')}"
+
+
+def get_spark(cfg: SolarisConfig):
+    """Get or create the session for ``cfg``; one per process, as Spark allows."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if cfg.spark.master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.getActiveSession()
+    if spark is None:  # static settings apply only when the JVM starts; a live session is reused
+        builder = SparkSession.builder
+        for key, value in spark_conf(cfg).items():
+            builder = builder.config(key, value)
+        spark = builder.enableHiveSupport().getOrCreate()
+        spark.sparkContext.setLogLevel("WARN")
+    spark.sql(f"CREATE DATABASE IF NOT EXISTS {cfg.lake.database} LOCATION '{cfg.lake.warehouse_path / cfg.lake.database}.db'")
+    return spark
+
+
+def write_properties(cfg: SolarisConfig, path: Path | None = None) -> Path:
+    """Write the session's settings as a Spark properties file for ``spark-submit`` / ``spark-sql``:
+
+        spark-submit --properties-file lake/spark-solaris.conf spark_jobs/ingest_clicklog.py ...
+        spark-sql --properties-file lake/spark-solaris.conf -e "SELECT count(*) FROM solaris.request_log"
+    """
+    path = path or cfg.lake.root_path / "spark-solaris.conf"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{k} {v}\n" for k, v in spark_conf(cfg).items()))
+    return path
+
+
+if __name__ == "__main__":  # python -m include.spark [--out PATH]: write the properties file, print its path
+    import argparse
+
+    from include.config import load_config
+
+    parser = argparse.ArgumentParser(prog="include.spark", description=write_properties.__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, help="default: <lake root>/spark-solaris.conf")
+    parser.add_argument("--config", help="SOLARIS TOML config")
+    a = parser.parse_args()
+    print(write_properties(load_config(a.config), a.out))

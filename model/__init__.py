@@ -1,0 +1,1 @@
+"""SOLARIS models: the foundation model, the embedding autoencoder and the vertical model."""

@@ -1,0 +1,243 @@
+"""Ingest a click-only log (CSV or Parquet) into request_log, user_events and the quarantine.
+
+The log needs a user id, an item id and a timestamp per click; context columns are optional.
+A column mapping (``--map user_id=click_user,...`` or a preset such as ``--preset globo``) names
+them. Clicks become requests with candidate lists by spark_jobs/candidates.py.
+
+    python -m spark_jobs.ingest_clicklog --input PATH [--format csv|parquet] [--source NAME]
+        [--preset globo] [--map user_id=...,item_id=...,ts=...] [--ts-unit ms|s|iso]
+    spark-submit spark_jobs/ingest_clicklog.py ...   (same arguments)
+
+Every input record is accounted for: it becomes a request, or lands in
+request_log_quarantine with its reason (malformed line, missing id, unparsable or out-of-range
+timestamp, duplicate click).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from spark_jobs.candidates import CandidateParams, clicks_to_requests
+
+REQUIRED = ("user_id", "item_id", "ts")
+CONTEXT = ("surface", "device", "region", "referrer")
+CORRUPT = "_corrupt_record"
+
+PRESETS: dict[str, dict] = {
+    # Globo.com news portal click log (clicks_hour_NNN.csv.gz), millisecond timestamps.
+    "globo": {
+        "source": "globo",
+        "ts_unit": "ms",
+        "mapping": {"user_id": "user_id", "item_id": "click_article_id", "ts": "click_timestamp",
+                    "surface": "click_environment", "device": "click_deviceGroup",
+                    "region": "click_region", "referrer": "click_referrer_type"},
+    },
+    # The generic format, as the synthetic generator writes it.
+    "generic": {
+        "source": "clicklog",
+        "ts_unit": "ms",
+        "mapping": {"user_id": "user_id", "item_id": "item_id", "ts": "ts", "surface": "surface",
+                    "device": "device", "region": "region", "referrer": "referrer"},
+    },
+}
+
+
+class InputError(ValueError):
+    """The input cannot be ingested at all (missing path, no columns, unmapped required column)."""
+
+
+@dataclass(frozen=True)
+class ClickLogSpec:
+    source: str
+    mapping: dict[str, str] = field(default_factory=dict)  # SOLARIS column -> input column
+    ts_unit: str = "ms"  # ms | s | iso
+    min_ts: str = "2000-01-01T00:00:00"
+    max_ts: str = "2100-01-01T00:00:00"
+
+    def __post_init__(self):
+        if self.ts_unit not in ("ms", "s", "iso"):
+            raise InputError(f"ts_unit must be ms, s or iso, got {self.ts_unit!r}")
+        missing = [c for c in REQUIRED if c not in self.mapping]
+        if missing:
+            raise InputError(f"column mapping lacks {missing}; give e.g. --map user_id=uid,item_id=iid,ts=time")
+        unknown = [c for c in self.mapping if c not in REQUIRED + CONTEXT]
+        if unknown:
+            raise InputError(f"unknown mapped column(s) {unknown}; map only {REQUIRED + CONTEXT}")
+
+
+def _timestamp(col, unit: str):
+    if unit == "ms":
+        return F.timestamp_millis(col.try_cast("bigint"))
+    if unit == "s":
+        return F.timestamp_seconds(col.try_cast("bigint"))
+    return F.try_to_timestamp(col)
+
+
+def parse_clicks(raw: DataFrame, spec: ClickLogSpec) -> DataFrame:
+    """Raw string columns -> user_id, item_id, ts, context, raw, reason (null when the row is good).
+
+    Pure: reasons are assigned in a fixed order, the first that applies wins.
+    """
+    m = spec.mapping
+    src = lambda c: F.trim(F.col(f"`{m[c]}`")) if c in m else F.lit(None).cast("string")  # noqa: E731
+    ts = _timestamp(src("ts"), spec.ts_unit)
+    raw_text = (F.coalesce(F.col(CORRUPT), F.to_json(F.struct(*[F.col(f"`{c}`") for c in raw.columns if c != CORRUPT])))
+                if CORRUPT in raw.columns else F.to_json(F.struct(*[F.col(f"`{c}`") for c in raw.columns])))
+    blank = lambda c: src(c).isNull() | (src(c) == "")  # noqa: E731
+    reason = F.when(F.col(CORRUPT).isNotNull(), F.lit("malformed record: wrong number of fields")) \
+        if CORRUPT in raw.columns else F.when(F.lit(False), F.lit(None))
+    reason = (reason
+              .when(blank("user_id"), F.lit("missing user_id"))
+              .when(blank("item_id"), F.lit("missing item_id"))
+              .when(blank("ts"), F.lit("missing timestamp"))
+              .when(ts.isNull(), F.concat(F.lit(f"unparsable timestamp ({spec.ts_unit}): "), src("ts")))
+              .when((ts < F.lit(spec.min_ts).cast("timestamp")) | (ts >= F.lit(spec.max_ts).cast("timestamp")),
+                    F.concat(F.lit(f"timestamp outside [{spec.min_ts}, {spec.max_ts}): "), ts.cast("string"))))
+    return raw.select(src("user_id").alias("user_id"), src("item_id").alias("item_id"), ts.alias("ts"),
+                      *[src(c).alias(c) for c in CONTEXT], raw_text.alias("raw"), reason.alias("reason"))
+
+
+def mark_duplicates(parsed: DataFrame) -> DataFrame:
+    """A second click with the same (user, item, ts) is a duplicate record, not a second request."""
+    from pyspark.sql import Window
+
+    # Only good rows compete: a malformed line that parses to the same key must not outrank one.
+    w = Window.partitionBy("user_id", "item_id", "ts", F.col("reason").isNull()).orderBy("raw")
+    ranked = parsed.withColumn("_n", F.when(F.col("reason").isNull(), F.row_number().over(w)))
+    return ranked.withColumn("reason", F.when(F.col("_n") > 1, F.lit("duplicate click (same user, item, ts)"))
+                             .otherwise(F.col("reason"))).drop("_n")
+
+
+def read_raw(spark, path: str, fmt: str) -> DataFrame:
+    """Read every column as a string; CSV keeps lines it cannot split in _corrupt_record."""
+    _require_path(spark, path)
+    if fmt == "parquet":
+        df = spark.read.parquet(path)
+        if not df.columns:
+            raise InputError(f"{path}: parquet input has no columns")
+        return df.select([F.col(f"`{c}`").cast("string").alias(c) for c in df.columns])
+    if fmt != "csv":
+        raise InputError(f"format must be csv or parquet, got {fmt!r}")
+    header = spark.read.option("header", True).csv(path).columns
+    if not header:
+        raise InputError(f"{path}: CSV input is empty (no header line)")
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    schema = StructType([StructField(c, StringType()) for c in header] + [StructField(CORRUPT, StringType())])
+    return (spark.read.option("header", True).option("mode", "PERMISSIVE")
+            .option("columnNameOfCorruptRecord", CORRUPT).schema(schema).csv(path))
+
+
+def _require_path(spark, path: str) -> None:
+    jvm = spark.sparkContext._jvm
+    hpath = jvm.org.apache.hadoop.fs.Path(path)
+    fs = hpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    matches = fs.globStatus(hpath)
+    if matches is None or len(matches) == 0:
+        raise InputError(f"input path does not exist: {path}")
+
+
+def check_columns(raw: DataFrame, spec: ClickLogSpec, path: str) -> ClickLogSpec:
+    """Required columns must be present; optional context columns that are absent become NULL."""
+    have = [c for c in raw.columns if c != CORRUPT]
+    missing = [f"{k} (from column {v!r})" for k, v in spec.mapping.items() if k in REQUIRED and v not in have]
+    if missing:
+        raise InputError(f"{path}: input lacks mapped column(s) {missing}; it has {have}")
+    absent = [k for k, v in spec.mapping.items() if v not in have]
+    if absent:
+        print(f"note: {path} has no column for {absent}; they are stored as NULL", file=sys.stderr)
+    return replace(spec, mapping={k: v for k, v in spec.mapping.items() if v in have})
+
+
+def ingest(spark, cfg, path: str, spec: ClickLogSpec, fmt: str = "csv"):
+    """Read, parse, generate candidates and write; returns the IngestReport."""
+    from spark_jobs.ingest_load import quarantine_rows, write_ingest
+
+    started = time.perf_counter()
+    raw = read_raw(spark, path, fmt)
+    spec = check_columns(raw, spec, path)
+    # Spark refuses queries over only _corrupt_record of an uncached CSV scan; cache once, read twice.
+    parsed = mark_duplicates(parse_clicks(raw, spec)).persist()
+    try:
+        records_in = parsed.count()
+        if records_in == 0:
+            raise InputError(f"{path}: input has a header but no records")
+        ingested_at = datetime.now(timezone.utc).replace(tzinfo=None)  # bookkeeping, not data selection
+        bad = quarantine_rows(parsed.where(F.col("reason").isNotNull()), spec.source, path, ingested_at)
+        clicks = parsed.where(F.col("reason").isNull()).drop("raw", "reason")
+        cl = cfg.clicklog
+        params = CandidateParams(cl.negatives_per_click, cl.window_hours, cl.pool_size, cl.seed)
+        prior = _prior_clicks(spark, cfg, spec.source, clicks, params)
+        requests = clicks_to_requests(clicks, params, spec.source, prior)
+        events = clicks.select("user_id", "item_id", "ts", F.lit("click").alias("event_type"),
+                               F.lit(spec.source).alias("source"), F.to_date("ts").alias("date"))
+        return write_ingest(spark, cfg, source=spec.source, input_path=path, records_in=records_in,
+                            requests=requests, events=events, items=None, quarantine=bad, started=started)
+    finally:
+        parsed.unpersist()
+
+
+def _prior_clicks(spark, cfg, source: str, clicks: DataFrame, params: CandidateParams) -> DataFrame | None:
+    """Clicks of this source already in user_events from the W hours before this input starts."""
+    from feature_store.tables import USER_EVENTS, qualified_name
+
+    name = qualified_name(USER_EVENTS, cfg.lake.database)
+    if not spark.catalog.tableExists(name):
+        return None
+    start = clicks.agg(F.min("ts")).first()[0]
+    if start is None:
+        return None
+    return (spark.table(name)
+            .where((F.col("source") == source) & (F.col("event_type") == "click") & (F.col("ts") < F.lit(start))
+                   & (F.col("ts") >= F.lit(start) - F.expr(f"INTERVAL {params.window_hours + 1} HOURS")))
+            .select("item_id", "ts"))
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="ingest_clicklog", description=__doc__.split("\n\n")[0])
+    p.add_argument("--input", required=True, help="file, folder or glob of CSV (optionally .gz) or Parquet")
+    p.add_argument("--format", default="csv", choices=["csv", "parquet"])
+    p.add_argument("--preset", choices=sorted(PRESETS), default="generic")
+    p.add_argument("--source", help="name recorded in the tables' source column (default: the preset's)")
+    p.add_argument("--map", help="comma list of solaris_col=input_col overriding the preset")
+    p.add_argument("--ts-unit", choices=["ms", "s", "iso"], help="timestamp unit (default: the preset's)")
+    p.add_argument("--config", help="SOLARIS TOML config")
+    return p.parse_args(argv)
+
+
+def spec_from_args(args: argparse.Namespace, cfg) -> ClickLogSpec:
+    preset = PRESETS[args.preset]
+    mapping = dict(preset["mapping"])
+    if args.map:
+        for pair in args.map.split(","):
+            if "=" not in pair:
+                raise InputError(f"--map entries look like solaris_col=input_col, got {pair!r}")
+            k, v = pair.split("=", 1)
+            mapping[k.strip()] = v.strip()
+    return ClickLogSpec(source=args.source or preset["source"], mapping=mapping,
+                        ts_unit=args.ts_unit or preset["ts_unit"],
+                        min_ts=cfg.quality.min_ts, max_ts=cfg.quality.max_ts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from include.config import load_config
+    from include.spark import get_spark
+
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    cfg = load_config(args.config)
+    spec = spec_from_args(args, cfg)
+    spark = get_spark(cfg)
+    report = ingest(spark, cfg, args.input, spec, args.format)
+    print("\n".join(report.lines(cfg.lake.database)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

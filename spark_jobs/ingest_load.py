@@ -1,0 +1,138 @@
+"""Write one ingest run's outputs: validated requests, history events, items, quarantine, counters.
+
+Shared by every ingest job so that all sources land the same way:
+
+- the request rows are validated with great-expectations *before* anything is written, so a
+  failed validation leaves the tables as they were;
+- every write is idempotent: ``replaceWhere`` on (source, time range) for the time-partitioned
+  tables, on (source, input_path) for the quarantine, MERGE on the key for ``items`` and
+  ``ingest_runs``. Ingesting the same input twice leaves the same tables.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from feature_store import quality
+from feature_store.tables import (INGEST_RUNS, ITEMS, REQUEST_LOG, REQUEST_LOG_QUARANTINE, USER_EVENTS,
+                                  conform, ensure_tables, qualified_name)
+
+
+@dataclass(frozen=True)
+class IngestReport:
+    run_id: str
+    source: str
+    input_path: str
+    records_in: int
+    request_rows: int
+    requests: int
+    event_rows: int
+    item_rows: int
+    quarantined: int
+    min_ts: datetime | None
+    max_ts: datetime | None
+    seconds: float
+    finished_at: datetime
+    quality_report: str | None = None
+
+    def lines(self, database: str) -> list[str]:
+        return [
+            f"ingested {self.source} from {self.input_path} in {self.seconds:.1f} s",
+            f"  records read            {self.records_in:>12,}",
+            f"  -> {database}.request_log        {self.request_rows:>12,} rows ({self.requests:,} requests, "
+            f"{self.min_ts} .. {self.max_ts})",
+            f"  -> {database}.user_events        {self.event_rows:>12,} rows",
+            f"  -> {database}.items              {self.item_rows:>12,} rows",
+            f"  -> {database}.request_log_quarantine {self.quarantined:>8,} records",
+            f"  quality report: {self.quality_report}",
+        ]
+
+
+def quarantine_rows(raw: DataFrame, source: str, input_path: str, ingested_at: datetime) -> DataFrame:
+    """``raw`` has columns raw, reason; add the run's identity."""
+    return raw.select("raw", F.lit(source).alias("source"), F.lit(input_path).alias("input_path"), "reason",
+                      F.lit(ingested_at).cast("timestamp").alias("ingested_at"))
+
+
+def write_ingest(spark, cfg, *, source: str, input_path: str, records_in: int, requests: DataFrame,
+                 events: DataFrame, items: DataFrame | None, quarantine: DataFrame,
+                 started: float, other_inputs: tuple[str, ...] = ()) -> IngestReport:
+    """Validate, then write every output of one run. ``other_inputs`` are further files whose bad
+    records are in ``quarantine`` (e.g. MIND's news.tsv beside behaviors.tsv)."""
+    db = cfg.lake.database
+    ensure_tables(spark, cfg)
+    requests = conform(requests, REQUEST_LOG).persist()
+    events = conform(events, USER_EVENTS).persist()
+    quarantine = conform(quarantine, REQUEST_LOG_QUARANTINE).persist()
+    try:
+        stats = requests.agg(F.count(F.lit(1)).alias("rows"), F.countDistinct("request_id").alias("requests"),
+                             F.min("ts").alias("min_ts"), F.max("ts").alias("max_ts")).first()
+        ev = events.agg(F.count(F.lit(1)).alias("rows"), F.min("ts").alias("min_ts"), F.max("ts").alias("max_ts")).first()
+        run_id = f"{source}|{input_path}|{stats.min_ts}|{stats.max_ts}"
+
+        # Validate before writing: a failed expectation raises and nothing lands.
+        report_path = None
+        if stats.rows:
+            report_path = quality.validate_request_log(requests, cfg, run_name=_safe(run_id))
+
+        paths = ", ".join(f"'{_sql(p)}'" for p in (input_path, *other_inputs))
+        _replace(quarantine, str(cfg.lake.table_path(REQUEST_LOG_QUARANTINE.name)),
+                 f"source = '{_sql(source)}' AND input_path IN ({paths})")
+        if stats.rows:
+            _replace(requests, str(cfg.lake.table_path(REQUEST_LOG.name)),
+                     f"source = '{_sql(source)}' AND ts >= '{stats.min_ts}' AND ts <= '{stats.max_ts}'",
+                     REQUEST_LOG.partition_by)
+        if ev.rows:
+            _replace(events, str(cfg.lake.table_path(USER_EVENTS.name)),
+                     f"source = '{_sql(source)}' AND ts >= '{ev.min_ts}' AND ts <= '{ev.max_ts}'",
+                     USER_EVENTS.partition_by)
+        item_rows = 0
+        if items is not None:
+            items = conform(items, ITEMS)
+            item_rows = _merge(spark, items, qualified_name(ITEMS, db), ITEMS.primary_key)
+        report = IngestReport(
+            run_id=run_id, source=source, input_path=input_path, records_in=records_in,
+            request_rows=stats.rows, requests=stats.requests, event_rows=ev.rows, item_rows=item_rows,
+            quarantined=quarantine.count(), min_ts=stats.min_ts, max_ts=stats.max_ts,
+            seconds=round(time.perf_counter() - started, 3),
+            finished_at=datetime.now(timezone.utc).replace(tzinfo=None),  # bookkeeping only, not data selection
+            quality_report=report_path)
+        run_row = {k: v for k, v in asdict(report).items() if k in INGEST_RUNS.column_names}
+        _merge(spark, conform(spark.createDataFrame([run_row], INGEST_RUNS.schema()), INGEST_RUNS),
+               qualified_name(INGEST_RUNS, db), INGEST_RUNS.primary_key)
+        return report
+    finally:
+        requests.unpersist()
+        events.unpersist()
+        quarantine.unpersist()
+
+
+def _replace(df: DataFrame, location: str, predicate: str, partition_by: tuple[str, ...] = ()) -> None:
+    # One file per table partition rather than one per (task, partition).
+    if partition_by:
+        df = df.repartition(*partition_by)
+    # By path: a catalog-level overwrite would try to alter the metastore's copy of the schema.
+    df.write.format("delta").mode("overwrite").option("replaceWhere", predicate).save(location)
+
+
+def _merge(spark, df: DataFrame, table: str, keys: tuple[str, ...]) -> int:
+    from delta.tables import DeltaTable
+
+    df = df.dropDuplicates(list(keys))
+    cond = " AND ".join(f"t.{k} <=> s.{k}" for k in keys)
+    DeltaTable.forName(spark, table).alias("t").merge(df.alias("s"), cond) \
+        .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute()
+    return df.count()
+
+
+def _sql(s: str) -> str:
+    return s.replace("\\", "\\\\").replace("'", "\\'")
+
+
+def _safe(s: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in s)[:180]

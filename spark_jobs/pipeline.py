@@ -1,0 +1,104 @@
+"""The SOLARIS main job on one data set, end to end, with progress as it goes.
+
+    python -m spark_jobs.pipeline                       # synthetic log, embedded lake (./lake)
+    python -m spark_jobs.pipeline --data mind --input ../shared/datasets/mind_small_subset
+    python -m spark_jobs.pipeline --data globo --input '../shared/datasets/globo_news_clicks/clicks/*.csv.gz'
+
+Stages so far: (synthetic data) -> ingest with quarantine and data-quality checks -> summary of
+what landed where.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+
+class Progress:
+    def __init__(self, total: int):
+        self.total, self.n, self.t0 = total, 0, time.perf_counter()
+
+    def stage(self, title: str):
+        self.n += 1
+        print(f"\n[{self.n}/{self.total}] {title}  (+{time.perf_counter() - self.t0:.0f} s)", flush=True)
+
+
+def ingest(spark, cfg, data: str, input_path: str):
+    if data == "mind":
+        from spark_jobs import ingest_mind
+
+        base = Path(input_path)
+        behaviors = str(base / "behaviors.tsv") if base.is_dir() else input_path
+        news = base / "news.tsv" if base.is_dir() else None
+        return ingest_mind.ingest(spark, cfg, behaviors, str(news) if news and news.exists() else None)
+    from spark_jobs import ingest_clicklog
+
+    preset = "globo" if data == "globo" else "generic"
+    args = ingest_clicklog.parse_args(["--input", input_path, "--preset", preset]
+                                      + (["--source", "synthetic"] if data == "synthetic" else []))
+    return ingest_clicklog.ingest(spark, cfg, input_path, ingest_clicklog.spec_from_args(args, cfg), "csv")
+
+
+def summarize(spark, cfg) -> list[str]:
+    """Where the data landed: per table, rows, location and partitions."""
+    from feature_store.tables import ALL_TABLES, qualified_name
+
+    lines = []
+    for spec in ALL_TABLES:
+        name = qualified_name(spec, cfg.lake.database)
+        if not spark.catalog.tableExists(name):
+            continue
+        rows = spark.table(name).count()
+        parts = ""
+        if spec.partition_by:
+            n = spark.table(name).select(*spec.partition_by).distinct().count()
+            parts = f", {n} partitions by ({', '.join(spec.partition_by)})"
+        lines.append(f"  {name:<32} {rows:>12,} rows  at {cfg.lake.table_path(spec.name)}{parts}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="pipeline", description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", choices=["synthetic", "mind", "globo", "clicklog"], default="synthetic")
+    p.add_argument("--input", help="data path (for synthetic: where to write the generated log)")
+    p.add_argument("--config", help="SOLARIS TOML config")
+    p.add_argument("--synthetic-users", type=int, default=2000)
+    p.add_argument("--synthetic-items", type=int, default=400)
+    p.add_argument("--synthetic-hours", type=int, default=48)
+    a = p.parse_args(sys.argv[1:] if argv is None else argv)
+
+    from include.config import load_config
+
+    cfg = load_config(a.config)
+    progress = Progress(total=4 if a.data == "synthetic" else 3)
+    input_path = a.input
+    if a.data == "synthetic":
+        from include import synthetic
+
+        input_path = input_path or str(cfg.lake.root_path.parent / "data" / "synthetic" / "clicks.csv")
+        progress.stage(f"generate a synthetic click log -> {input_path}")
+        scfg = synthetic.SyntheticConfig(users=a.synthetic_users, items=a.synthetic_items, hours=a.synthetic_hours)
+        n = synthetic.write_csv(synthetic.generate(scfg), input_path)
+        print(f"  {n:,} clicks, {scfg.users} users, {scfg.items} items, {scfg.hours} hours from {scfg.start} UTC")
+    elif not input_path:
+        p.error(f"--input is required for --data {a.data}")
+
+    progress.stage(f"start Spark ({cfg.spark.master}) with the Delta lake at {cfg.lake.root_path}")
+    from include.spark import get_spark
+
+    spark = get_spark(cfg)
+
+    progress.stage(f"ingest {a.data} from {input_path} (bad records -> quarantine, quality checks before write)")
+    report = ingest(spark, cfg, a.data, input_path)
+    print("\n".join(report.lines(cfg.lake.database)))
+
+    progress.stage("what landed where")
+    print("\n".join(summarize(spark, cfg)))
+    print(f'\nquery it: python -m include.sql "SELECT count(*) FROM {cfg.lake.database}.request_log"')
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

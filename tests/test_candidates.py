@@ -1,0 +1,85 @@
+"""The click-log candidate generator, on tiny DataFrames."""
+
+from datetime import datetime, timedelta
+
+import pytest
+from pyspark.sql import functions as F
+
+from spark_jobs.candidates import CandidateParams, clicks_to_requests, popularity_pools
+
+T0 = datetime(2026, 1, 5, 0, 0, 0)
+SCHEMA = "user_id string, item_id string, ts timestamp, surface string, device string, region string, referrer string"
+
+
+def clicks(spark, rows):
+    return spark.createDataFrame([(u, i, T0 + timedelta(minutes=m), "1", "0", "0", "1") for u, i, m in rows], SCHEMA)
+
+
+@pytest.fixture
+def log(spark):
+    # hour 0: i1 x3, i2 x2, i3 x1; hour 1: requests that should draw from hour 0's pool
+    hour0 = [("a", "i1", 1), ("b", "i1", 2), ("c", "i1", 3), ("a", "i2", 4), ("b", "i2", 5), ("c", "i3", 6)]
+    hour1 = [("a", "i9", 61), ("b", "i1", 62), ("c", "i4", 63)]
+    return clicks(spark, hour0 + hour1)
+
+
+def test_pool_counts_only_whole_hours_before(spark, log):
+    pools = {r.hour: r.pool for r in popularity_pools(log.select("item_id", "ts"), CandidateParams(2, 1, 3)).collect()}
+    h0 = int(T0.timestamp() // 3600)
+    assert pools[h0 + 1] == ["i1", "i2", "i3"]  # hour 0's clicks, most clicked first
+    assert h0 not in pools  # nothing before the log: no pool for its first hour
+    assert pools[h0 + 2] == ["i1", "i4", "i9"]  # hour 1's clicks; ties broken by item_id
+
+
+def test_each_click_is_one_request_with_one_positive(spark, log):
+    rows = clicks_to_requests(log, CandidateParams(2, 1, 3, seed=1), "syn").collect()
+    by_request = {}
+    for r in rows:
+        by_request.setdefault(r.request_id, []).append(r)
+    assert len(by_request) == 9
+    for rid, cands in by_request.items():
+        assert sum(c.label for c in cands) == 1
+        assert sorted(c.position for c in cands) == list(range(len(cands)))
+        assert len({c.item_id for c in cands}) == len(cands)
+        clicked = rid.split(":")[-1]
+        assert [c.item_id for c in cands if c.label == 1] == [clicked]
+    hour1 = {rid: c for rid, c in by_request.items() if c[0].ts >= T0 + timedelta(hours=1)}
+    assert len(hour1) == 3
+    for rid, cands in hour1.items():
+        assert len(cands) == 3  # the click plus K=2 negatives
+        negatives = {c.item_id for c in cands if c.label == 0}
+        assert negatives <= {"i1", "i2", "i3"}  # drawn from hour 0's pool only
+    hour0 = [c for rid, c in by_request.items() if c[0].ts < T0 + timedelta(hours=1)]
+    assert all(len(c) == 1 for c in hour0)  # no preceding window: the click alone
+
+
+def test_same_seed_same_requests_other_seed_differs(spark):
+    hour0 = [(f"u{n}", f"i{n % 20}", n % 60) for n in range(200)]
+    hour1 = [(f"u{n}", f"i{n % 7}", 60 + n % 60) for n in range(50)]
+    df = clicks(spark, hour0 + hour1)
+    p = CandidateParams(5, 1, 15, seed=3)
+    cols = ["request_id", "item_id", "position", "label", "ts"]
+    a = clicks_to_requests(df, p, "s").select(cols).orderBy(cols).collect()
+    b = clicks_to_requests(df, p, "s").select(cols).orderBy(cols).collect()
+    c = clicks_to_requests(df, CandidateParams(5, 1, 15, seed=4), "s").select(cols).orderBy(cols).collect()
+    assert a == b
+    assert a != c
+    # the clicked item's slot is spread over positions, so position does not give the label away
+    slots = {r.position for r in a if r.label == 1 and r.ts >= T0 + timedelta(hours=1)}
+    assert len(slots) >= 4
+
+
+def test_prior_clicks_make_incremental_ingest_match_whole(spark, log):
+    p = CandidateParams(2, 1, 3, seed=1)
+    cols = ["request_id", "item_id", "position", "label"]
+    whole = clicks_to_requests(log, p, "s").where(F.col("ts") >= T0 + timedelta(hours=1)).select(cols).orderBy(cols).collect()
+    first, second = log.where(F.col("ts") < T0 + timedelta(hours=1)), log.where(F.col("ts") >= T0 + timedelta(hours=1))
+    incremental = clicks_to_requests(second, p, "s", prior_clicks=first).select(cols).orderBy(cols).collect()
+    assert incremental == whole
+
+
+@pytest.mark.parametrize("kwargs", [dict(negatives_per_click=-1), dict(window_hours=0),
+                                    dict(negatives_per_click=10, pool_size=5)])
+def test_bad_params_are_rejected(kwargs):
+    with pytest.raises(ValueError):
+        CandidateParams(**kwargs)

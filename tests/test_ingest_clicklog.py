@@ -1,0 +1,150 @@
+"""Click-log ingestion: synthetic and Globo-format input, every bad-input case, idempotency."""
+
+import gzip
+
+import pytest
+
+from include import synthetic
+from spark_jobs import ingest_clicklog as ic
+
+HEADER = "user_id,item_id,ts,surface,device,region,referrer"
+H0 = 1767571200000  # 2026-01-05T00:00:00Z in ms
+
+
+def spec(cfg, preset="generic", **kw):
+    args = ic.parse_args(["--input", "x", "--preset", preset] + sum(([f"--{k.replace('_', '-')}", v] for k, v in kw.items()), []))
+    return ic.spec_from_args(args, cfg)
+
+
+def table(spark, cfg, name):
+    return spark.table(f"{cfg.lake.database}.{name}")
+
+
+def test_synthetic_log_lands_as_requests(spark, make_cfg, tmp_path):
+    cfg = make_cfg("click_syn", clicklog={"negatives_per_click": 4, "pool_size": 20})
+    cols = synthetic.generate(synthetic.SyntheticConfig(users=100, items=60, hours=6, visits_per_hour=20))
+    path = tmp_path / "clicks.csv"
+    n = synthetic.write_csv(cols, path)
+    report = ic.ingest(spark, cfg, str(path), spec(cfg, source="synthetic"))
+    assert report.records_in == n and report.quarantined == 0
+    assert report.requests == n and report.event_rows == n
+    rl = table(spark, cfg, "request_log")
+    assert rl.where("label = 1").count() == n  # one positive per request
+    per_request = {r.request_id: r["count"] for r in rl.groupBy("request_id").count().collect()}
+    assert max(per_request.values()) == 5  # the click plus K=4
+    first_hour_ms = H0 + 3_600_000
+    assert all(c == 1 for rid, c in per_request.items() if int(rid.split(":")[2]) < first_hour_ms)
+    assert {r.hour for r in rl.select("hour").distinct().collect()} == set(range(6))
+
+
+@pytest.fixture
+def dirty_log(tmp_path):
+    good = [f"u{n},i{n % 5},{H0 + n * 60_000},1,0,3,1" for n in range(90)]  # 1.5 hours of clicks
+    bad = {
+        "u1,i1,1767571260000,1,0,3,1,EXTRA": "malformed record: wrong number of fields",
+        ",i1,1767571260000,1,0,3,1": "missing user_id",
+        "u2,,1767571260000,1,0,3,1": "missing item_id",
+        "u3,i1,,1,0,3,1": "missing timestamp",
+        "u4,i1,yesterday,1,0,3,1": "unparsable timestamp (ms): yesterday",
+        "u5,i1,100,1,0,3,1": "timestamp outside [2000-01-01T00:00:00, 2100-01-01T00:00:00): 1970-01-01 00:00:00.1",
+        good[3]: "duplicate click (same user, item, ts)",
+    }
+    path = tmp_path / "dirty.csv.gz"
+    with gzip.open(path, "wt") as f:
+        f.write("\n".join([HEADER] + good + list(bad)) + "\n")
+    return path, good, bad
+
+
+def test_every_bad_record_is_quarantined_with_its_reason(spark, make_cfg, dirty_log):
+    path, good, bad = dirty_log
+    cfg = make_cfg("click_dirty")
+    report = ic.ingest(spark, cfg, str(path), spec(cfg))
+    assert report.records_in == len(good) + len(bad)
+    assert report.requests == len(good)
+    assert report.quarantined == len(bad)
+    q = table(spark, cfg, "request_log_quarantine").collect()
+    reasons = sorted(r.reason for r in q)
+    assert reasons == sorted(bad.values())
+    malformed = [r for r in q if r.reason.startswith("malformed")][0]
+    assert malformed.raw == "u1,i1,1767571260000,1,0,3,1,EXTRA"  # the line itself, as read
+    assert all(r.source == "clicklog" and r.input_path == str(path) for r in q)
+
+
+def test_ingest_twice_leaves_the_same_tables(spark, make_cfg, dirty_log):
+    path, _, _ = dirty_log
+    cfg = make_cfg("click_idem")
+    names = ["request_log", "user_events", "request_log_quarantine"]
+    ic.ingest(spark, cfg, str(path), spec(cfg))
+    cols = {n: [c for c in table(spark, cfg, n).columns if c != "ingested_at"] for n in names}
+    first = {n: sorted(table(spark, cfg, n).select(cols[n]).collect()) for n in names}
+    versions = {n: spark.sql(f"DESCRIBE HISTORY {cfg.lake.database}.{n}").count() for n in names}
+    ic.ingest(spark, cfg, str(path), spec(cfg))
+    second = {n: sorted(table(spark, cfg, n).select(cols[n]).collect()) for n in names}
+    assert second == first
+    # the rerun did write (a new version), and replaced rather than appended
+    assert all(spark.sql(f"DESCRIBE HISTORY {cfg.lake.database}.{n}").count() > versions[n] for n in names)
+
+
+def test_input_errors_are_clear(spark, make_cfg, tmp_path):
+    cfg = make_cfg("click_errors")
+    with pytest.raises(ic.InputError, match="input path does not exist"):
+        ic.ingest(spark, cfg, str(tmp_path / "missing.csv"), spec(cfg))
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    with pytest.raises(ic.InputError, match="CSV input is empty"):
+        ic.ingest(spark, cfg, str(empty), spec(cfg))
+    header_only = tmp_path / "header.csv"
+    header_only.write_text(HEADER + "\n")
+    with pytest.raises(ic.InputError, match="header but no records"):
+        ic.ingest(spark, cfg, str(header_only), spec(cfg))
+    wrong_cols = tmp_path / "wrong.csv"
+    wrong_cols.write_text("uid,iid,when\nu1,i1,1767571260000\n")
+    with pytest.raises(ic.InputError, match=r"lacks mapped column\(s\).*user_id.*it has \['uid', 'iid', 'when'\]"):
+        ic.ingest(spark, cfg, str(wrong_cols), spec(cfg))
+    # the same file reads fine once mapped
+    report = ic.ingest(spark, cfg, str(wrong_cols), spec(cfg, map="user_id=uid,item_id=iid,ts=when"))
+    assert report.requests == 1
+    assert table(spark, cfg, "request_log").where("device IS NULL AND surface IS NULL").count() == 1
+
+
+def test_bad_mapping_is_rejected(make_cfg):
+    with pytest.raises(ic.InputError, match=r"mapping lacks \['item_id', 'ts'\]"):
+        ic.ClickLogSpec(source="x", mapping={"user_id": "a"})
+    with pytest.raises(ic.InputError, match="unknown mapped column"):
+        ic.ClickLogSpec(source="x", mapping={"user_id": "a", "item_id": "b", "ts": "c", "colour": "d"})
+    with pytest.raises(ic.InputError, match="ts_unit must be ms, s or iso"):
+        ic.ClickLogSpec(source="x", mapping={"user_id": "a", "item_id": "b", "ts": "c"}, ts_unit="days")
+    with pytest.raises(ic.InputError, match="look like solaris_col=input_col"):
+        spec(make_cfg("click_map"), map="user_id")
+
+
+def test_iso_and_second_timestamps(spark, make_cfg, tmp_path):
+    cfg = make_cfg("click_units")
+    iso = tmp_path / "iso.csv"
+    iso.write_text("u,i,t\nu1,i1,2026-01-05T10:30:00\nu2,i1,2026-01-05 11:00:00\nu3,i1,not-a-time\n")
+    report = ic.ingest(spark, cfg, str(iso), spec(cfg, map="user_id=u,item_id=i,ts=t", ts_unit="iso"))
+    assert (report.requests, report.quarantined) == (2, 1)
+    secs = tmp_path / "secs.parquet"
+    import pandas as pd
+
+    pd.DataFrame({"u": ["u1"], "i": ["i1"], "t": [1767607800]}).to_parquet(secs)
+    report = ic.ingest(spark, cfg, str(secs), spec(cfg, map="user_id=u,item_id=i,ts=t", ts_unit="s"), fmt="parquet")
+    assert report.requests == 1 and str(report.min_ts) == "2026-01-05 10:10:00"
+
+
+@pytest.mark.real_data
+def test_slice_of_real_globo(spark, make_cfg, shared_datasets, tmp_path):
+    src = shared_datasets / "globo_news_clicks" / "clicks"
+    files = [src / "clicks_hour_000.csv.gz", src / "clicks_hour_001.csv.gz"]
+    n = sum(len(gzip.open(f, "rt").read().splitlines()) - 1 for f in files)
+    folder = tmp_path / "globo"
+    folder.mkdir()
+    for f in files:
+        (folder / f.name).write_bytes(f.read_bytes())
+    cfg = make_cfg("globo_real")
+    report = ic.ingest(spark, cfg, str(folder / "*.csv.gz"), spec(cfg, "globo"))
+    assert report.records_in == n
+    assert report.requests + report.quarantined == n
+    rl = table(spark, cfg, "request_log")
+    assert rl.where("label = 1").count() == report.requests
+    assert rl.where("device IS NULL OR referrer IS NULL").count() == 0  # context columns mapped
