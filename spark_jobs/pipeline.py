@@ -5,7 +5,7 @@
     python -m spark_jobs.pipeline --data globo --input '../shared/datasets/globo_news_clicks/clicks/*.csv.gz'
 
 Stages so far: (synthetic data) -> ingest with quarantine and data-quality checks -> summary of
-what landed where.
+what landed where -> train the FM, autoencoder and VM variants and compare them.
 """
 
 from __future__ import annotations
@@ -67,12 +67,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--synthetic-users", type=int, default=2000)
     p.add_argument("--synthetic-items", type=int, default=400)
     p.add_argument("--synthetic-hours", type=int, default=48)
+    p.add_argument("--models", choices=["quick", "full", "none"], default="quick",
+                   help="model sizes for the training stage (quick: small, CPU-minutes; none: skip)")
+    p.add_argument("--reports", default="reports", help="folder for the evaluation JSON and Markdown")
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
 
     from include.config import load_config
 
     cfg = load_config(a.config)
-    progress = Progress(total=4 if a.data == "synthetic" else 3)
+    progress = Progress(total=(4 if a.data == "synthetic" else 3) + (a.models != "none"))
     input_path = a.input
     if a.data == "synthetic":
         from include import synthetic
@@ -96,6 +99,16 @@ def main(argv: list[str] | None = None) -> int:
 
     progress.stage("what landed where")
     print("\n".join(summarize(spark, cfg)))
+    if a.models != "none":
+        from model import evaluate
+
+        source = report.source
+        progress.stage(f"train the FM, autoencoder and VM variants on {source} ({a.models} sizes) and compare")
+        ec = evaluate.QUICK if a.models == "quick" else evaluate.EvalConfig()
+        result = evaluate.run(cfg, source, ec)
+        print("\n" + evaluate.to_markdown(result))
+        paths = evaluate.write_report(result, Path(a.reports))
+        print(f"  report: {paths[0]} and {paths[1].name}; models under {cfg.lake.root_path / 'models'}")
     print(f'\nquery it: python -m include.sql "SELECT count(*) FROM {cfg.lake.database}.request_log"')
     return 0
 

@@ -27,13 +27,15 @@ def demo_lake(tmp_path_factory):
     """The main job exactly as `make demo` runs it, on a tiny synthetic log."""
     lake = tmp_path_factory.mktemp("demo") / "lake"
     out = run([sys.executable, "-m", "spark_jobs.pipeline", "--synthetic-users", "80", "--synthetic-items", "40",
-               "--synthetic-hours", "4"], lake)
+               "--synthetic-hours", "4", "--reports", str(lake.parent / "reports")], lake)
     return lake, out
 
 
 def test_main_job_reports_what_landed_where(demo_lake):
     lake, out = demo_lake
-    assert "[4/4] what landed where" in out
+    assert "[4/5] what landed where" in out
+    assert "[5/5] train the FM, autoencoder and VM variants on synthetic (quick sizes)" in out
+    assert "| VM + KD (soft labels) |" in out and (lake.parent / "reports" / "model_eval_synthetic.md").exists()
     line = next(ln for ln in out.splitlines() if ln.strip().startswith("solaris.request_log "))
     assert f"at {lake}/tables/request_log" in line
     assert "-> solaris.request_log_quarantine        0 records" in out

@@ -1,0 +1,80 @@
+"""Training data from the lake, read without a JVM (delta-rs), split by time.
+
+The split is by request time, whole requests at a time: the earliest ``train`` share of the
+window's requests train, the next ``val`` share validate (early stopping, promotion), the rest
+test. History for every split comes from ``user_events`` strictly before each request, so no split
+sees the future. Vocabularies are fitted on the training split only: ids first seen later are OOV,
+as they would be in production.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+REQUEST_COLUMNS = ["request_id", "user_id", "item_id", "ts", "label", "device", "surface"]
+
+
+@dataclass(frozen=True)
+class SplitConfig:
+    train: float = 0.70
+    val: float = 0.15  # test is the rest
+    max_train_requests: int = 20_000  # sampled (seeded) when the window holds more: a CPU-minutes budget
+    max_eval_requests: int = 5_000
+    seed: int = 7
+
+
+def _dataset(cfg, table: str) -> ds.Dataset:
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    path = cfg.lake.table_path(table)
+    try:
+        return DeltaTable(str(path)).to_pyarrow_dataset()
+    except TableNotFoundError as e:
+        raise FileNotFoundError(f"table {table} not found at {path}: ingest a log first") from e
+
+
+def load(cfg, source: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(requests with known labels, user events, items) of one source (all sources when None)."""
+    def read(table, columns):
+        d = _dataset(cfg, table)
+        flt = pc.field("source") == source if source else None
+        return d.to_table(columns=columns, filter=flt).to_pandas()
+
+    requests = read("request_log", REQUEST_COLUMNS)
+    requests = requests[requests["label"].notna()].reset_index(drop=True)
+    events = read("user_events", ["user_id", "item_id", "ts"])
+    items = read("items", ["item_id", "category"])
+    if requests.empty:
+        raise ValueError(f"no labelled requests in the lake for source {source!r}: empty training window")
+    return requests, events, items
+
+
+def split_by_time(requests: pd.DataFrame, cfg: SplitConfig) -> dict[str, pd.DataFrame]:
+    if not 0 < cfg.train < 1 or not 0 < cfg.val < 1 or cfg.train + cfg.val >= 1:
+        raise ValueError("train and val shares must be in (0, 1) and leave room for test")
+    per_request = requests.groupby("request_id", sort=False)["ts"].min().sort_values(kind="stable")
+    n = len(per_request)
+    cut1, cut2 = int(n * cfg.train), int(n * (cfg.train + cfg.val))
+    ids = {"train": per_request.index[:cut1], "val": per_request.index[cut1:cut2], "test": per_request.index[cut2:]}
+    if min(len(v) for v in ids.values()) == 0:
+        raise ValueError(f"{n} requests are too few to split into train/val/test")
+    rng = np.random.default_rng(cfg.seed)
+    out = {}
+    for name, chosen in ids.items():
+        cap = cfg.max_train_requests if name == "train" else cfg.max_eval_requests
+        if len(chosen) > cap:
+            chosen = pd.Index(np.sort(rng.choice(np.asarray(chosen), cap, replace=False)))
+        out[name] = requests[requests["request_id"].isin(chosen)].reset_index(drop=True)
+    return out
+
+
+def window(splits: dict[str, pd.DataFrame], source: str | None) -> dict:
+    return {name: {"rows": len(df), "requests": int(df["request_id"].nunique()),
+                   "from": str(df["ts"].min()), "to": str(df["ts"].max()), "ctr": float(df["label"].mean())}
+            for name, df in splits.items()} | {"source": source}

@@ -1,0 +1,112 @@
+"""A small model registry: one folder per model and version.
+
+    <root>/<name>/v0003/weights.pt     state dict
+                        config.json    the config dataclass that rebuilds the module, and its class
+                        metrics.json   evaluation numbers
+                        window.json    the training data window (time range, source, row counts)
+                        <extras>       e.g. vocab.json
+    <root>/<name>/PROMOTED             the version serving traffic (written by ``promote``)
+
+Loading checks the stored config against the code's config class: a checkpoint written by
+different code is a clear ``CheckpointMismatch``, never a half-loaded model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pickle
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class CheckpointMismatch(RuntimeError):
+    """A checkpoint that does not match the model code asked to load it."""
+
+
+def _versions(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.glob("v[0-9][0-9][0-9][0-9]") if (p / "weights.pt").exists())
+
+
+def save(root: Path, name: str, model: nn.Module, metrics: dict[str, Any], window: dict[str, Any],
+         extras: dict[str, str] | None = None) -> Path:
+    """Write a new version of ``name``; returns its folder. Written to a temp folder and renamed,
+    so a crash never leaves a half-written version that loaders would pick up."""
+    folder = Path(root) / name
+    folder.mkdir(parents=True, exist_ok=True)
+    existing = _versions(folder)
+    version = f"v{int(existing[-1][1:]) + 1 if existing else 1:04d}"
+    tmp = folder / f".{version}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    cfg = model.cfg
+    torch.save(model.state_dict(), tmp / "weights.pt")
+    (tmp / "config.json").write_text(json.dumps(
+        {"class": f"{type(model).__module__}.{type(model).__name__}",
+         "config_class": f"{type(cfg).__module__}.{type(cfg).__name__}",
+         "config": dataclasses.asdict(cfg)}, indent=1))
+    (tmp / "metrics.json").write_text(json.dumps(metrics, indent=1, default=float))
+    (tmp / "window.json").write_text(json.dumps(window, indent=1, default=str))
+    for fname, text in (extras or {}).items():
+        (tmp / fname).write_text(text)
+    tmp.rename(folder / version)
+    return folder / version
+
+
+def resolve(root: Path, name: str, version: str = "latest") -> Path:
+    folder = Path(root) / name
+    if version == "promoted":
+        marker = folder / "PROMOTED"
+        if not marker.exists():
+            raise FileNotFoundError(f"no promoted version of model {name!r} under {folder}")
+        version = marker.read_text().strip()
+    if version == "latest":
+        found = _versions(folder)
+        if not found:
+            raise FileNotFoundError(f"no saved versions of model {name!r} under {folder}")
+        version = found[-1]
+    if not re.fullmatch(r"v\d{4}", version) or not (folder / version / "weights.pt").exists():
+        raise FileNotFoundError(f"model {name!r} has no version {version!r} under {folder}")
+    return folder / version
+
+
+def load(path: Path, module_cls: type[nn.Module], config_cls: type, map_location: str = "cpu") -> nn.Module:
+    """Rebuild and load a module; raise ``CheckpointMismatch`` if the stored config or weights do not fit."""
+    path = Path(path)
+    try:
+        meta = json.loads((path / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointMismatch(f"{path}: unreadable config.json ({e})") from e
+    expected = f"{module_cls.__module__}.{module_cls.__name__}"
+    if meta.get("class") != expected:
+        raise CheckpointMismatch(f"{path} holds a {meta.get('class')}, not a {expected}")
+    fields = {f.name for f in dataclasses.fields(config_cls)}
+    stored = set(meta["config"])
+    if stored != fields:
+        raise CheckpointMismatch(
+            f"{path}: config fields differ from {config_cls.__name__} in this code: "
+            f"only in checkpoint {sorted(stored - fields)}, only in code {sorted(fields - stored)}")
+    model = module_cls(config_cls(**meta["config"]))
+    try:
+        state = torch.load(path / "weights.pt", map_location=map_location, weights_only=True)
+        model.load_state_dict(state, strict=True)
+    except (RuntimeError, OSError, EOFError, KeyError, pickle.UnpicklingError) as e:
+        raise CheckpointMismatch(f"{path}: weights do not fit {module_cls.__name__}: {str(e).splitlines()[0]}") from e
+    return model.eval()
+
+
+def read_json(path: Path, fname: str) -> dict:
+    return json.loads((Path(path) / fname).read_text())
+
+
+def promote(root: Path, name: str, version: str) -> None:
+    path = resolve(root, name, version)
+    marker = Path(root) / name / "PROMOTED"
+    tmp = marker.with_suffix(".tmp")
+    tmp.write_text(path.name)
+    tmp.replace(marker)  # atomic: readers see the old or the new version, never neither

@@ -1,0 +1,52 @@
+"""The vertical model (VM): the small ranker on the serving path.
+
+[user id, item id, context] (+ optional [compressed FM embedding, one-hot of its tier]) -> 2-layer MLP.
+The FM input is zeros with tier ``none`` where no embedding was served, so the same model reads
+exact, fallback and missing embeddings alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+TIERS = ("exact", "user_mean", "neighbor", "none")  # where a served FM embedding came from
+TIER_NONE = TIERS.index("none")
+
+
+@dataclass(frozen=True)
+class VMConfig:
+    n_users: int
+    n_items: int
+    n_devices: int
+    n_surfaces: int
+    dim: int = 16  # id embedding width
+    hidden: int = 64
+    use_fm_embedding: bool = False
+    fm_dim: int = 32  # C: the autoencoder's code size
+
+
+class VerticalModel(nn.Module):
+    def __init__(self, cfg: VMConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.user = nn.Embedding(cfg.n_users, cfg.dim)
+        self.item = nn.Embedding(cfg.n_items, cfg.dim)
+        self.hour = nn.Embedding(24, 4)
+        self.device = nn.Embedding(cfg.n_devices, 4)
+        self.surface = nn.Embedding(cfg.n_surfaces, 4)
+        extra = cfg.fm_dim + len(TIERS) if cfg.use_fm_embedding else 0
+        self.mlp = nn.Sequential(nn.Linear(2 * cfg.dim + 12 + extra, cfg.hidden), nn.ReLU(),
+                                 nn.Linear(cfg.hidden, cfg.hidden // 2), nn.ReLU(), nn.Linear(cfg.hidden // 2, 1))
+
+    def forward(self, b: dict[str, torch.Tensor]) -> torch.Tensor:
+        parts = [self.user(b["user"]), self.item(b["item"]), self.hour(b["hour"]), self.device(b["device"]),
+                 self.surface(b["surface"])]
+        if self.cfg.use_fm_embedding:
+            fm = b["fm"]  # (B, C); zeros where tier is none
+            if fm.shape[1] != self.cfg.fm_dim:
+                raise ValueError(f"FM embedding has dimension {fm.shape[1]}, the VM expects {self.cfg.fm_dim}")
+            parts += [fm, nn.functional.one_hot(b["tier"], len(TIERS)).float()]
+        return self.mlp(torch.cat(parts, dim=1)).squeeze(-1)  # (B,) logits

@@ -1,0 +1,77 @@
+"""Training every model on a tiny ingested log, through the same code as `python -m model.evaluate`."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from include import synthetic
+from model import data as mdata
+from model import evaluate, registry
+from model.fm import FMConfig, FoundationModel
+from model.train import TrainConfig
+from spark_jobs import ingest_clicklog as ic
+
+TINY = replace(evaluate.QUICK, history_len=5, fm_dim=8, fm_trunk=32, fm_embedding=16, code_dim=4,
+               fm_train=TrainConfig(epochs=1, batch_size=256), vm_train=TrainConfig(epochs=1, batch_size=256),
+               ae_train=TrainConfig(epochs=1, batch_size=256))
+
+
+@pytest.fixture(scope="module")
+def tiny_lake(spark, lake_root, tmp_path_factory):
+    from tests.conftest import _test_config
+
+    cfg = _test_config(lake_root / "model_eval", database="t_model_eval")
+    spark.sql(f"CREATE DATABASE IF NOT EXISTS {cfg.lake.database}")
+    path = tmp_path_factory.mktemp("syn") / "clicks.csv"
+    synthetic.write_csv(synthetic.generate(synthetic.SyntheticConfig(users=150, items=60, hours=12, visits_per_hour=25)), path)
+    args = ic.parse_args(["--input", str(path), "--source", "synthetic"])
+    ic.ingest(spark, cfg, str(path), ic.spec_from_args(args, cfg))
+    return cfg
+
+
+def test_every_variant_trains_and_is_reported(tiny_lake):
+    result = evaluate.run(tiny_lake, "synthetic", TINY, log=lambda *_: None)
+    rows = {r["model"]: r for r in result["rows"]}
+    assert list(rows) == ["VM", "VM + KD (soft labels)", "VM + FM embedding (oracle coverage)", "FM"]
+    for r in rows.values():
+        assert math.isfinite(r["ne"]) and 0 <= r["auc"] <= 1 and r["params"] > 0 and r["flops_per_pair"] > 0
+    ne_vm, ne_fm = rows["VM"]["ne"], rows["FM"]["ne"]
+    x = rows["VM + KD (soft labels)"]
+    if ne_fm < ne_vm:
+        assert x["transfer_ratio"] == pytest.approx((ne_vm - x["ne"]) / (ne_vm - ne_fm))
+    else:
+        assert math.isnan(x["transfer_ratio"])
+    assert rows["VM"]["ne_vs_vm_pct"] == 0.0
+    w = result["window"]
+    assert w["train"]["to"] <= w["val"]["from"] <= w["val"]["to"] <= w["test"]["from"]  # split by time, no overlap
+    assert set(result["autoencoder"]) == {"reconstruction_mse", "embedding_variance", "fm_head_ne_original",
+                                          "fm_head_ne_reconstructed"}
+    fm = registry.load(registry.resolve(tiny_lake.lake.root_path / "models", "fm"), FoundationModel, FMConfig)
+    assert fm.cfg.embedding_dim == 16
+    assert "vocab.json" in os.listdir(result["models"]["vm_solaris"])
+    assert "Paper reference" in evaluate.to_markdown(result)
+
+
+def test_empty_window_is_a_clear_error(tiny_lake):
+    with pytest.raises(ValueError, match="no labelled requests .* 'nothing': empty training window"):
+        mdata.load(tiny_lake, "nothing")
+
+
+def test_missing_tables_are_a_clear_error(make_cfg):
+    with pytest.raises(FileNotFoundError, match="table request_log not found .*: ingest a log first"):
+        mdata.load(make_cfg("no_tables"), None)
+
+
+def test_command_line_entry_point(tiny_lake, tmp_path):
+    env = {**os.environ, "SOLARIS_LAKE_ROOT": str(tiny_lake.lake.root_path)}
+    p = subprocess.run([sys.executable, "-m", "model.evaluate", "--source", "synthetic", "--skip-ingest", "--quick",
+                        "--reports", str(tmp_path)], env=env, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "| VM + FM embedding (oracle coverage) |" in p.stdout
+    saved = json.loads((tmp_path / "model_eval_synthetic.json").read_text())
+    assert [r["model"] for r in saved["rows"]][-1] == "FM"

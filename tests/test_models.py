@@ -1,0 +1,106 @@
+"""The FM, autoencoder and VM modules, the registry, and a tiny end-to-end training run."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from model import registry
+from model.autoencoder import AEConfig, EmbeddingAutoencoder
+from model.fm import FMConfig, FoundationModel
+from model.train import flops_per_example, infer, pick_device
+from model.vm import TIERS, VerticalModel, VMConfig
+
+SIZES = dict(n_users=50, n_items=80, n_devices=4, n_surfaces=4)
+
+
+def batch(n=8, history_len=50, seed=0, empty_history=False):
+    rng = np.random.default_rng(seed)
+    hist = rng.integers(2, 80, (n, history_len))
+    if empty_history:
+        hist[:] = 0
+    return {"user": rng.integers(0, 50, n), "item": rng.integers(2, 80, n), "hist": hist,
+            "hour": rng.integers(0, 24, n), "device": rng.integers(0, 4, n), "surface": rng.integers(0, 4, n),
+            "category": np.zeros(n, dtype=np.int64), "label": rng.integers(0, 2, n).astype(np.float32),
+            "fm": rng.normal(size=(n, 32)).astype(np.float32), "tier": rng.integers(0, len(TIERS), n)}
+
+
+def test_fm_embeds_pairs_and_handles_users_without_history():
+    fm = FoundationModel(FMConfig(**SIZES)).eval()
+    for b in (batch(), batch(empty_history=True)):
+        emb = infer(fm.embed, fm, b)
+        logits = infer(fm, fm, b)
+        assert emb.shape == (8, 256) and logits.shape == (8,)
+        assert np.isfinite(emb).all() and np.isfinite(logits).all()
+
+
+def test_fm_is_at_least_20x_the_vm_in_flops_per_pair():
+    fm = FoundationModel(FMConfig(**SIZES))
+    vm = VerticalModel(VMConfig(**SIZES, use_fm_embedding=True))
+    b = batch(16)
+    ratio = flops_per_example(fm, fm, b) / flops_per_example(vm, vm, b)
+    assert ratio >= 20, ratio
+
+
+def test_vm_rejects_an_embedding_of_the_wrong_dimension():
+    vm = VerticalModel(VMConfig(**SIZES, use_fm_embedding=True, fm_dim=16))
+    with pytest.raises(ValueError, match="dimension 32, the VM expects 16"):
+        infer(vm, vm, batch())
+
+
+def test_inference_refuses_nan_inputs():
+    vm = VerticalModel(VMConfig(**SIZES, use_fm_embedding=True))
+    b = batch()
+    b["fm"][3, 5] = np.nan
+    with pytest.raises(ValueError, match="input 'fm' has 1 NaN or infinite values"):
+        infer(vm, vm, b)
+
+
+def test_cuda_requested_without_a_gpu_is_an_error():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(RuntimeError, match="CUDA is not available"):
+        pick_device("cuda")
+    assert pick_device("auto").type == "cpu"
+
+
+def test_registry_round_trip_and_versions(tmp_path):
+    ae = EmbeddingAutoencoder(AEConfig(input_dim=24, code_dim=4))
+    p1 = registry.save(tmp_path, "ae", ae, {"mse": 0.5}, {"from": "a"})
+    p2 = registry.save(tmp_path, "ae", ae, {"mse": 0.4}, {"from": "b"})
+    assert (p1.name, p2.name) == ("v0001", "v0002")
+    assert registry.resolve(tmp_path, "ae") == p2
+    loaded = registry.load(p1, EmbeddingAutoencoder, AEConfig)
+    x = torch.randn(5, 24)
+    with torch.inference_mode():
+        assert torch.equal(loaded(x), ae.eval()(x))
+    assert registry.read_json(p2, "metrics.json") == {"mse": 0.4}
+    with pytest.raises(FileNotFoundError, match="no promoted version"):
+        registry.resolve(tmp_path, "ae", "promoted")
+    registry.promote(tmp_path, "ae", "v0001")
+    assert registry.resolve(tmp_path, "ae", "promoted") == p1
+
+
+def test_registry_rejects_checkpoints_that_do_not_match(tmp_path):
+    ae = EmbeddingAutoencoder(AEConfig(input_dim=24, code_dim=4))
+    path = registry.save(tmp_path, "ae", ae, {}, {})
+    with pytest.raises(registry.CheckpointMismatch, match="holds a model.autoencoder.EmbeddingAutoencoder, not a model.vm.VerticalModel"):
+        registry.load(path, VerticalModel, VMConfig)
+    meta = json.loads((path / "config.json").read_text())
+    meta["config"]["dropout"] = 0.1
+    (path / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(registry.CheckpointMismatch, match=r"only in checkpoint \['dropout'\]"):
+        registry.load(path, EmbeddingAutoencoder, AEConfig)
+    del meta["config"]["dropout"]
+    meta["config"]["code_dim"] = 8  # config rebuilds a module whose shapes differ from the weights
+    (path / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(registry.CheckpointMismatch, match="weights do not fit"):
+        registry.load(path, EmbeddingAutoencoder, AEConfig)
+    (path / "weights.pt").write_bytes(b"not a checkpoint")
+    meta["config"]["code_dim"] = 4
+    (path / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(registry.CheckpointMismatch, match="weights do not fit"):
+        registry.load(path, EmbeddingAutoencoder, AEConfig)
+    with pytest.raises(FileNotFoundError, match="no version 'v0009'"):
+        registry.resolve(tmp_path, "ae", "v0009")
