@@ -121,7 +121,80 @@ INGEST_RUNS = TableSpec(
     primary_key=("run_id",),
 )
 
-ALL_TABLES: tuple[TableSpec, ...] = (REQUEST_LOG, USER_EVENTS, ITEMS, REQUEST_LOG_QUARANTINE, INGEST_RUNS)
+PAIR_EMBEDDINGS = TableSpec(
+    name="pair_embeddings",
+    description="Precomputed, compressed FM interaction embeddings of speculated (user, item) pairs.",
+    columns=(
+        ("user_id", "STRING", "source user id"),
+        ("item_id", "STRING", "source item id"),
+        # float32: Spark, Delta and Arrow have no half-precision array type, and at C=32 a pair
+        # costs 128 bytes either way small next to the keys; readers keep it float32 in memory.
+        ("embedding", "ARRAY<FLOAT>", "autoencoder code of the FM interaction embedding (C floats)"),
+        ("model_version", "STRING", "fm and autoencoder versions that computed it"),
+        ("computed_at", "TIMESTAMP", "end of the precompute interval whose history it used, UTC"),
+        ("expires_at", "TIMESTAMP", "computed_at + TTL; never served at or after this time"),
+        ("run_id", "STRING", "precompute run that wrote it"),
+    ),
+    primary_key=("user_id", "item_id"),
+    expiry="a row is valid for t in [computed_at, expires_at); readers filter at read time, cleanup deletes later",
+)
+
+VERIFIER_SCORES = TableSpec(
+    name="verifier_scores",
+    description="Every candidate pair a precompute run scored with the verifier VM, and whether it was selected.",
+    columns=(
+        ("run_id", "STRING", "precompute run: interval end in UTC, e.g. 2026-01-05T12:00:00"),
+        ("user_id", "STRING", "source user id"),
+        ("item_id", "STRING", "source item id"),
+        ("origin", "STRING", "'speculated' (active user x recent/trending item) or 'miss_queue'"),
+        ("device", "STRING", "the user's latest device in the look-back window (model context)"),
+        ("surface", "STRING", "the user's latest surface in the look-back window (model context)"),
+        ("score", "DOUBLE", "verifier VM click probability"),
+        ("score_rank", "BIGINT", "1 = highest score in the run (or in the user, per-user selection)"),
+        ("fresh_until", "TIMESTAMP", "expires_at of the stored embedding when the run started, if any"),
+        ("selected", "BOOLEAN", "in the precompute set (top budget share and not already fresh)"),
+    ),
+    primary_key=("run_id", "user_id", "item_id"),
+    partition_by=("run_id",),
+)
+
+MISS_QUEUE = TableSpec(
+    name="miss_queue",
+    description="Pairs requested but not found at serving; the next precompute run includes them.",
+    columns=(
+        ("user_id", "STRING", "source user id"),
+        ("item_id", "STRING", "source item id"),
+        ("requested_at", "TIMESTAMP", "when the lookup missed, UTC"),
+        ("origin", "STRING", "who recorded the miss: 'lookup' or 'replay'"),
+        ("consumed_by_run", "STRING", "precompute run that took the pair in; NULL while waiting"),
+    ),
+    primary_key=("user_id", "item_id", "requested_at"),
+)
+
+PRECOMPUTE_RUNS = TableSpec(
+    name="precompute_runs",
+    description="Counters of every precompute run.",
+    columns=(
+        ("run_id", "STRING", "interval end, UTC"),
+        ("interval_start", "TIMESTAMP", "start of the look-back window"),
+        ("interval_end", "TIMESTAMP", "the run's time t"),
+        ("pairs_considered", "BIGINT", "candidate pairs speculated plus queued"),
+        ("pairs_scored", "BIGINT", "pairs scored by the verifier"),
+        ("pairs_selected", "BIGINT", "pairs in the precompute set"),
+        ("already_fresh", "BIGINT", "top pairs skipped because their embedding is fresh past t + margin"),
+        ("pairs_embedded", "BIGINT", "embeddings written"),
+        ("expired_removed", "BIGINT", "expired rows deleted by this run's cleanup"),
+        ("queue_in", "BIGINT", "miss-queue pairs taken in"),
+        ("queue_waiting", "BIGINT", "miss-queue pairs still waiting after the run"),
+        ("vm_version", "STRING", "verifier model used"),
+        ("fm_version", "STRING", "fm and autoencoder used"),
+        ("seconds", "DOUBLE", "wall time"),
+    ),
+    primary_key=("run_id",),
+)
+
+ALL_TABLES: tuple[TableSpec, ...] = (REQUEST_LOG, USER_EVENTS, ITEMS, REQUEST_LOG_QUARANTINE, INGEST_RUNS,
+                                     PAIR_EMBEDDINGS, VERIFIER_SCORES, MISS_QUEUE, PRECOMPUTE_RUNS)
 BY_NAME = {t.name: t for t in ALL_TABLES}
 
 

@@ -80,11 +80,36 @@ class QualityConfig:
 
 
 @dataclass(frozen=True)
+class PrecomputeConfig:
+    """The speculative precompute run for an interval ending at t (spark_jobs/precompute.py)."""
+
+    lookback_hours: int = 6  # W: users active and items shown in [t - W, t) are speculated
+    recent_items_per_user: int = 20  # a user's most recently shown items that become candidates
+    trending_items: int = 20  # items most clicked in W, added to every active user's candidates
+    budget: float = 0.2  # share of scored pairs to precompute
+    selection: str = "global"  # "global": top budget share of all pairs; "per_user": of each user's
+    ttl_hours: float = 6.0  # expires_at = computed_at + TTL
+    fresh_margin_minutes: int = 60  # a stored embedding fresh past t + margin is not recomputed
+    vacuum_retention_hours: int = 168  # Delta VACUUM keeps files this long (time travel, readers)
+    models_root: str = ""  # default: <lake root>/models
+    vm_version: str = "latest"  # verifier: a registry version, "latest" or "promoted"
+    fm_version: str = "latest"
+    ae_version: str = "latest"
+    device: str = "auto"  # FM inference device: auto (CUDA when present), cpu, cuda
+
+
+@dataclass(frozen=True)
 class SolarisConfig:
     lake: LakeConfig = field(default_factory=LakeConfig)
     spark: SparkConfig = field(default_factory=SparkConfig)
     clicklog: ClickLogConfig = field(default_factory=ClickLogConfig)
     quality: QualityConfig = field(default_factory=QualityConfig)
+    precompute: PrecomputeConfig = field(default_factory=PrecomputeConfig)
+
+    @property
+    def models_root(self) -> Path:
+        return Path(self.precompute.models_root).expanduser().resolve() if self.precompute.models_root \
+            else self.lake.root_path / "models"
 
     def with_overrides(self, **sections: dict[str, Any]) -> "SolarisConfig":
         """A copy with some fields replaced, e.g. ``cfg.with_overrides(lake={"root": "/tmp/x"})``."""

@@ -127,7 +127,7 @@ def run(cfg, source: str | None, ec: EvalConfig = EvalConfig(), log=print) -> di
                  "ne_vs_vm_pct": 100 * (s["ne"] - ne_vm) / ne_vm, "transfer_ratio": 1.0 if ne_fm < ne_vm else float("nan")})
 
     window = mdata.window(splits, source)
-    root = cfg.lake.root_path / "models"
+    root = cfg.models_root
     extras = {"vocab.json": json.dumps(vocab.values)}
     saved = {"fm": registry.save(root, "fm", fm, rows[-1], window, extras),
              "autoencoder": registry.save(root, "autoencoder", ae, ae_report, window),

@@ -72,3 +72,13 @@ def test_sql_entry_point_reports_bad_sql_clearly(demo_lake):
                        env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 2
     assert "SQL error" in p.stderr and "no_such_table" in p.stderr
+
+
+def test_spark_sql_cli_reads_the_same_catalog(demo_lake):
+    lake, _ = demo_lake
+    props = run([sys.executable, "-m", "include.spark"], lake).strip()
+    spark_sql = str(Path(sys.executable).with_name("spark-sql"))
+    out = run([spark_sql, "--properties-file", props, "-e",
+               "SELECT count(DISTINCT request_id), sum(label) FROM solaris.request_log"], lake)
+    requests, clicks = out.strip().splitlines()[-1].split("\t")
+    assert int(requests) == int(clicks) > 0  # one click per request in a click log

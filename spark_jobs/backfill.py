@@ -1,0 +1,53 @@
+"""Precompute runs over a range of interval ends, in order: the entry point for large backfills.
+
+    python -m spark_jobs.backfill --start 2026-01-05T06:00:00 --end 2026-01-05T12:00:00 [--step-hours 1]
+    spark-submit --master spark://host:7077 --properties-file lake/spark-solaris.conf \\
+        spark_jobs/backfill.py --start ... --end ...
+
+Runs t = start, start + step, ..., end (inclusive), each exactly as the hourly run does it, in one
+Spark application. A failed run stops the backfill; runs before it stay committed and rerunning
+the range redoes them idempotently.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import timedelta
+
+
+def interval_ends(start, end, step_hours: float) -> list:
+    if step_hours <= 0:
+        raise ValueError("step-hours must be > 0")
+    if end < start:
+        raise ValueError(f"empty range: end {end} is before start {start}")
+    out, t = [], start
+    while t <= end:
+        out.append(t)
+        t += timedelta(hours=step_hours)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="backfill", description=__doc__.split("\n\n")[0])
+    p.add_argument("--start", required=True, help="first interval end (UTC, ISO)")
+    p.add_argument("--end", required=True, help="last interval end (UTC, ISO), inclusive")
+    p.add_argument("--step-hours", type=float, default=1.0)
+    p.add_argument("--config", help="SOLARIS TOML config")
+    a = p.parse_args(sys.argv[1:] if argv is None else argv)
+
+    from include.config import load_config
+    from include.spark import get_spark
+    from spark_jobs import precompute
+
+    ends = interval_ends(precompute.parse_time(a.start), precompute.parse_time(a.end), a.step_hours)
+    cfg = load_config(a.config)
+    spark = get_spark(cfg)
+    for i, t in enumerate(ends, 1):
+        print(f"[{i}/{len(ends)}] interval ending {t.isoformat()}", flush=True)
+        print("\n".join(precompute.run(spark, cfg, t).lines()), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""One speculative precompute run for the interval ending at t: speculate -> verify -> embed ->
+MERGE -> take in the miss queue -> expire and vacuum -> record counters.
+
+    python -m spark_jobs.precompute --end 2026-01-05T12:00:00 [--config F]
+    spark-submit --properties-file lake/spark-solaris.conf spark_jobs/precompute.py --end ...
+
+t comes from the arguments, never the clock, and every write is keyed by the run: rerunning an
+interval leaves the same tables. Each table write is one Delta transaction, so a run killed midway
+leaves every table at its previous version or its new one, never half-written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta, timezone
+
+from pyspark.sql import functions as F
+
+from feature_store.tables import (MISS_QUEUE, PAIR_EMBEDDINGS, PRECOMPUTE_RUNS, REQUEST_LOG, USER_EVENTS,
+                                  VERIFIER_SCORES, conform, ensure_tables, qualified_name)
+from spark_jobs import embed_pairs, speculate
+
+
+@dataclass(frozen=True)
+class RunCounters:
+    run_id: str
+    interval_start: datetime
+    interval_end: datetime
+    pairs_considered: int
+    pairs_scored: int
+    pairs_selected: int
+    already_fresh: int
+    pairs_embedded: int
+    expired_removed: int
+    queue_in: int
+    queue_waiting: int
+    vm_version: str
+    fm_version: str
+    seconds: float
+
+    def lines(self) -> list[str]:
+        return [f"precompute run {self.run_id} (window {self.interval_start} .. {self.interval_end}) in {self.seconds:.1f} s",
+                *(f"  {k:<18} {v:>12,}" for k, v in asdict(self).items() if isinstance(v, int)),
+                f"  verifier {self.vm_version}; embeddings by {self.fm_version}"]
+
+
+def parse_time(s: str) -> datetime:
+    try:
+        t = datetime.fromisoformat(s)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"not an ISO time: {s!r} (expected e.g. 2026-01-05T12:00:00, UTC)") from e
+    return t.astimezone(timezone.utc).replace(tzinfo=None) if t.tzinfo else t  # naive = UTC throughout
+
+
+def resolve_models(cfg) -> dict[str, str]:
+    from model import registry
+
+    pc = cfg.precompute
+    root = cfg.models_root
+    return {"vm": str(registry.resolve(root, "vm", pc.vm_version)),
+            "fm": str(registry.resolve(root, "fm", pc.fm_version)),
+            "autoencoder": str(registry.resolve(root, "autoencoder", pc.ae_version))}
+
+
+def run(spark, cfg, t: datetime) -> RunCounters:
+    from model import registry
+    from model.autoencoder import AEConfig, EmbeddingAutoencoder
+
+    started = time.perf_counter()
+    pc, db = cfg.precompute, cfg.lake.database
+    params = speculate.SpeculateParams(t, pc.lookback_hours, pc.recent_items_per_user, pc.trending_items,
+                                       pc.budget, pc.selection, pc.fresh_margin_minutes)
+    models = resolve_models(cfg)  # fails here, before any work, if a checkpoint is missing
+    ae = registry.load(models["autoencoder"], EmbeddingAutoencoder, AEConfig)  # and here if it does not match
+    fm_version = f"fm/{models['fm'].rsplit('/', 1)[-1]}+autoencoder/{models['autoencoder'].rsplit('/', 1)[-1]}"
+    run_id = t.isoformat(timespec="seconds")
+    ensure_tables(spark, cfg)
+    name = {s.name: qualified_name(s, db) for s in (REQUEST_LOG, USER_EVENTS, PAIR_EMBEDDINGS, VERIFIER_SCORES,
+                                                     MISS_QUEUE, PRECOMPUTE_RUNS)}
+
+    window = spark.table(name["request_log"]).where((F.col("ts") >= F.lit(params.start)) & (F.col("ts") < F.lit(t)))
+    # Waiting misses, plus those this same run took in before (a rerun must see the same queue).
+    queue = spark.table(name["miss_queue"]).where(
+        (F.col("requested_at") < F.lit(t)) & (F.col("consumed_by_run").isNull() | (F.col("consumed_by_run") == run_id)))
+    stored = spark.table(name["pair_embeddings"])
+    fresh = stored.where(F.col("expires_at") > F.lit(t)).select("user_id", "item_id", "expires_at")
+
+    cands = speculate.candidates(window, queue, params)
+    scored = speculate.score(cands, models["vm"], t).persist()
+    try:
+        decided = speculate.select(scored, fresh, params)
+        audit = conform(decided.withColumn("run_id", F.lit(run_id)), VERIFIER_SCORES)
+        audit.write.format("delta").mode("overwrite").option("replaceWhere", f"run_id = '{run_id}'") \
+            .save(str(cfg.lake.table_path(VERIFIER_SCORES.name)))
+    finally:
+        scored.unpersist()
+
+    audit = spark.table(name["verifier_scores"]).where(F.col("run_id") == run_id)
+    selected = audit.where("selected").select("user_id", "item_id", "device", "surface")
+    fm_cfg = registry.read_json(models["fm"], "config.json")["config"]
+    hist = embed_pairs.histories(spark.table(name["user_events"]), selected.select("user_id").distinct(), t,
+                                 fm_cfg["history_len"])
+    embedded = embed_pairs.embed(selected.join(hist, "user_id", "left"), models["fm"], models["autoencoder"], t)
+    rows = embed_pairs.to_rows(embedded, t, pc.ttl_hours, fm_version, run_id).persist()
+    try:
+        embed_pairs.check_embeddings(rows, ae.cfg.code_dim)
+        n_embedded = rows.count()
+        embed_pairs.merge(spark, rows, name["pair_embeddings"])
+    finally:
+        rows.unpersist()
+
+    from delta.tables import DeltaTable
+
+    queue_keys = audit.where(F.col("origin") == "miss_queue").select("user_id", "item_id").distinct()
+    (DeltaTable.forName(spark, name["miss_queue"]).alias("q")
+     .merge(queue_keys.alias("s"), f"q.user_id = s.user_id AND q.item_id = s.item_id "
+                                   f"AND q.requested_at < '{t}' AND q.consumed_by_run IS NULL")
+     .whenMatchedUpdate(set={"consumed_by_run": F.lit(run_id)}).execute())
+
+    expired = expire(spark, cfg, t)
+    counts = audit.agg(F.count(F.lit(1)).alias("scored"), F.sum(F.col("selected").cast("int")).alias("selected"),
+                       F.sum(((~F.col("selected")) & F.col("fresh_until").isNotNull()
+                              & (F.col("fresh_until") > F.lit(t + timedelta(minutes=pc.fresh_margin_minutes)))
+                              ).cast("int")).alias("fresh"),
+                       F.sum((F.col("origin") == "miss_queue").cast("int")).alias("queue_in")).first()
+    waiting = spark.table(name["miss_queue"]).where(F.col("consumed_by_run").isNull()).count()
+    counters = RunCounters(run_id=run_id, interval_start=params.start, interval_end=t,
+                           pairs_considered=counts.scored, pairs_scored=counts.scored,
+                           pairs_selected=counts.selected or 0, already_fresh=counts.fresh or 0,
+                           pairs_embedded=n_embedded, expired_removed=expired, queue_in=counts.queue_in or 0,
+                           queue_waiting=waiting, vm_version=f"vm/{models['vm'].rsplit('/', 1)[-1]}",
+                           fm_version=fm_version, seconds=round(time.perf_counter() - started, 2))
+    row = conform(spark.createDataFrame([asdict(counters)], PRECOMPUTE_RUNS.schema()), PRECOMPUTE_RUNS)
+    (DeltaTable.forName(spark, name["precompute_runs"]).alias("t").merge(row.alias("s"), "t.run_id = s.run_id")
+     .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())
+    return counters
+
+
+def expire(spark, cfg, t: datetime) -> int:
+    """Delete rows expired at t and vacuum old files. Readers filter on expires_at regardless."""
+    from delta.tables import DeltaTable
+
+    table = DeltaTable.forName(spark, qualified_name(PAIR_EMBEDDINGS, cfg.lake.database))
+    n = table.toDF().where(F.col("expires_at") <= F.lit(t)).count()
+    if n:
+        table.delete(F.col("expires_at") <= F.lit(t))
+    hours = cfg.precompute.vacuum_retention_hours
+    if hours < 168:  # Delta refuses short retention unless told the readers can take it
+        spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+    # Delta 4 reads the retention from the table property, not from vacuum()'s argument.
+    wanted = f"interval {hours} hours"
+    if table.detail().first()["properties"].get("delta.deletedFileRetentionDuration") != wanted:
+        spark.sql(f"ALTER TABLE {qualified_name(PAIR_EMBEDDINGS, cfg.lake.database)} SET TBLPROPERTIES "
+                  f"('delta.deletedFileRetentionDuration' = '{wanted}')")
+    table.vacuum()
+    return n
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="precompute", description=__doc__.split("\n\n")[0])
+    p.add_argument("--end", required=True, help="the run's time t (UTC, ISO), e.g. 2026-01-05T12:00:00")
+    p.add_argument("--config", help="SOLARIS TOML config")
+    a = p.parse_args(sys.argv[1:] if argv is None else argv)
+
+    from include.config import load_config
+    from include.spark import get_spark
+
+    t = parse_time(a.end)
+    cfg = load_config(a.config)
+    counters = run(get_spark(cfg), cfg, t)
+    print("\n".join(counters.lines()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

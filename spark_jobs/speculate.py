@@ -1,0 +1,106 @@
+"""Speculate and verify: which (user, item) pairs are worth an FM embedding for the run ending at t.
+
+Candidates are every user active in the look-back window [t - W, t) crossed with the items
+recently shown to them plus the window's trending items, plus the waiting pairs of the miss
+queue. The current VM (the verifier) scores them all inside Spark (``mapInPandas``, one model
+load per Python worker); the top ``budget`` share is selected (globally or per user), queued
+misses are always selected, and pairs whose stored embedding is fresh past t + margin are
+skipped. Everything scored is written to ``verifier_scores`` (partition = run) for audit.
+
+    python -m spark_jobs.speculate --end 2026-01-05T12:00:00      (usually run by precompute)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
+
+
+@dataclass(frozen=True)
+class SpeculateParams:
+    t: datetime
+    lookback_hours: int
+    recent_items_per_user: int
+    trending_items: int
+    budget: float
+    selection: str
+    fresh_margin_minutes: int
+
+    def __post_init__(self):
+        if not 0 < self.budget <= 1:
+            raise ValueError(f"budget must be in (0, 1], got {self.budget}")
+        if self.selection not in ("global", "per_user"):
+            raise ValueError(f"selection must be 'global' or 'per_user', got {self.selection!r}")
+        if self.lookback_hours <= 0:
+            raise ValueError("lookback_hours must be > 0")
+
+    @property
+    def start(self) -> datetime:
+        return self.t - timedelta(hours=self.lookback_hours)
+
+
+def candidates(window_requests: DataFrame, misses: DataFrame, p: SpeculateParams) -> DataFrame:
+    """(user_id, item_id, origin, device, surface) to score; pure.
+
+    ``window_requests``: request_log rows in [t - W, t); ``misses``: waiting miss-queue pairs.
+    """
+    latest = Window.partitionBy("user_id").orderBy(F.col("ts").desc(), F.col("request_id").desc())
+    users = (window_requests.withColumn("_n", F.row_number().over(latest)).where("_n = 1")
+             .select("user_id", "device", "surface"))
+    per_user = Window.partitionBy("user_id").orderBy(F.col("last_shown").desc(), "item_id")
+    recent = (window_requests.groupBy("user_id", "item_id").agg(F.max("ts").alias("last_shown"))
+              .withColumn("_n", F.row_number().over(per_user)).where(F.col("_n") <= p.recent_items_per_user)
+              .select("user_id", "item_id"))
+    trending = (window_requests.groupBy("item_id")
+                .agg(F.sum(F.coalesce("label", F.lit(0))).alias("clicks"), F.count(F.lit(1)).alias("shown"))
+                .orderBy(F.col("clicks").desc(), F.col("shown").desc(), "item_id").limit(p.trending_items)
+                .select("item_id"))
+    speculated = (recent.unionByName(users.select("user_id").crossJoin(F.broadcast(trending))).distinct()
+                  .join(users, "user_id").withColumn("origin", F.lit("speculated")))
+    queued = (misses.select("user_id", "item_id").distinct()
+              .join(users, "user_id", "left").withColumn("origin", F.lit("miss_queue")))
+    # A queued pair that was also speculated is kept once, as queued (queued pairs are always selected).
+    speculated = speculated.join(queued.select("user_id", "item_id"), ["user_id", "item_id"], "left_anti")
+    return speculated.unionByName(queued).select("user_id", "item_id", "origin", "device", "surface")
+
+
+def score(cands: DataFrame, vm_path: str, t: datetime) -> DataFrame:
+    """Add ``score``: the verifier VM's click probability, batched per Arrow batch inside Spark."""
+    import pandas as pd
+
+    def predict(batches):
+        from model.inference import vm_scores
+
+        for pdf in batches:
+            pdf = pdf.assign(ts=pd.Timestamp(t))
+            s = vm_scores(pdf, vm_path)
+            yield pdf.drop(columns=["ts"]).assign(score=s.astype("float64"))
+
+    schema = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in cands.schema.fields) + ", score double"
+    return cands.mapInPandas(predict, schema)
+
+
+def select(scored: DataFrame, fresh: DataFrame, p: SpeculateParams) -> DataFrame:
+    """Mark the precompute set; pure given the scores. ``fresh``: (user_id, item_id, expires_at) stored now."""
+    bad = scored.where(F.isnan("score") | F.col("score").isNull()).limit(1).count()
+    if bad:
+        raise ValueError("the verifier produced NaN scores; refusing to select from them (check the VM checkpoint)")
+    by_user = Window.partitionBy("user_id").orderBy(F.col("score").desc(), "item_id")
+    users_n = Window.partitionBy("user_id")
+    ranked = (scored.withColumn("score_rank", F.row_number().over(by_user))
+              .withColumn("_n_user", F.count(F.lit(1)).over(users_n)))
+    if p.selection == "per_user":
+        top = F.col("score_rank") <= F.ceil(F.col("_n_user") * F.lit(p.budget))
+    else:
+        spec = ranked.where(F.col("origin") == "speculated")
+        threshold = spec.approxQuantile("score", [1.0 - p.budget], 0.0)  # exact quantile: deterministic reruns
+        top = F.col("score") >= F.lit(threshold[0] if threshold else float("inf"))
+    fresh_until = fresh.select("user_id", "item_id", F.col("expires_at").alias("fresh_until"))
+    margin = F.lit(p.t + timedelta(minutes=p.fresh_margin_minutes))
+    return (ranked.join(fresh_until, ["user_id", "item_id"], "left")
+            .withColumn("selected", ((F.col("origin") == "miss_queue") | top)
+                        & (F.col("fresh_until").isNull() | (F.col("fresh_until") <= margin)))
+            .drop("_n_user"))

@@ -1,0 +1,221 @@
+"""The speculative precompute run: selection, embeddings with TTL, miss queue, expiry, idempotency,
+bad input, a run killed midway."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pyspark.sql import functions as F
+
+from include import synthetic
+from model import evaluate, registry
+from spark_jobs import backfill, embed_pairs, precompute, speculate
+from spark_jobs import ingest_clicklog as ic
+from tests.test_model_eval import TINY
+
+ROOT = Path(__file__).resolve().parents[1]
+T = datetime(2026, 1, 5, 9, 0, 0)  # the synthetic log runs 2026-01-05 00:00 .. 12:00
+
+
+@pytest.fixture(scope="module")
+def lake(spark, lake_root, tmp_path_factory):
+    """A tiny synthetic log ingested and tiny models trained on it, in their own lake folder."""
+    from tests.conftest import _test_config
+
+    cfg = _test_config(lake_root / "precompute", database="t_precompute")
+    cfg = cfg.with_overrides(precompute={"lookback_hours": 3, "trending_items": 5, "recent_items_per_user": 5,
+                                         "device": "cpu"})
+    spark.sql(f"CREATE DATABASE IF NOT EXISTS {cfg.lake.database}")
+    path = tmp_path_factory.mktemp("syn") / "clicks.csv"
+    synthetic.write_csv(synthetic.generate(synthetic.SyntheticConfig(users=120, items=50, hours=12, visits_per_hour=20)), path)
+    ic.ingest(spark, cfg, str(path), ic.spec_from_args(ic.parse_args(["--input", str(path), "--source", "synthetic"]), cfg))
+    evaluate.run(cfg, "synthetic", TINY, log=lambda *_: None)
+    return cfg
+
+
+def tbl(spark, cfg, name):
+    return spark.table(f"{cfg.lake.database}.{name}")
+
+
+def snapshot(spark, cfg, name, drop=()):
+    df = tbl(spark, cfg, name)
+    cols = [c for c in df.columns if c not in drop]
+    return sorted(tuple(r) for r in df.select(cols).collect())
+
+
+def test_run_selects_the_budget_and_writes_expiring_embeddings(spark, lake):
+    c = precompute.run(spark, lake, T)
+    assert c.pairs_scored > 0 and c.pairs_embedded == c.pairs_selected
+    assert c.pairs_selected == pytest.approx(0.2 * c.pairs_scored, rel=0.1)
+    rows = tbl(spark, lake, "pair_embeddings").where(F.col("run_id") == c.run_id).collect()
+    assert len(rows) == c.pairs_embedded
+    assert {(r.computed_at, r.expires_at) for r in rows} == {(T, T + timedelta(hours=6))}
+    assert {len(r.embedding) for r in rows} == {TINY.code_dim}
+    assert all(np.isfinite(r.embedding).all() for r in rows)
+    audit = tbl(spark, lake, "verifier_scores").where(F.col("run_id") == c.run_id)
+    assert audit.count() == c.pairs_scored
+    # every selected pair outscored every speculated pair left out (global selection)
+    sel = audit.where("selected AND origin = 'speculated'").agg(F.min("score")).first()[0]
+    rest = audit.where("NOT selected AND origin = 'speculated'").agg(F.max("score")).first()[0]
+    assert sel >= rest
+    saved = tbl(spark, lake, "precompute_runs").where(F.col("run_id") == c.run_id).first()
+    assert (saved.pairs_selected, saved.pairs_embedded) == (c.pairs_selected, c.pairs_embedded)
+
+
+def test_rerunning_an_interval_leaves_the_same_tables(spark, lake):
+    precompute.run(spark, lake, T)
+    names = ["pair_embeddings", "verifier_scores", "miss_queue"]
+    before = {n: snapshot(spark, lake, n) for n in names}
+    runs_before = snapshot(spark, lake, "precompute_runs", drop=("seconds",))
+    precompute.run(spark, lake, T)
+    assert {n: snapshot(spark, lake, n) for n in names} == before
+    assert snapshot(spark, lake, "precompute_runs", drop=("seconds",)) == runs_before
+
+
+def test_next_run_skips_fresh_pairs_and_takes_in_the_miss_queue(spark, lake):
+    precompute.run(spark, lake, T)
+    t2 = T + timedelta(hours=1)
+    user = tbl(spark, lake, "request_log").where(F.col("ts") < F.lit(t2)).orderBy(F.col("ts").desc()).first().user_id
+    misses = spark.createDataFrame([(user, "i_never_shown", t2 - timedelta(minutes=5), "lookup", None),
+                                    ("u_cold", "i1", t2 - timedelta(minutes=4), "lookup", None),
+                                    (user, "i2", t2 + timedelta(minutes=5), "lookup", None)],  # after t2: next run's
+                                   "user_id string, item_id string, requested_at timestamp, origin string, consumed_by_run string")
+    misses.write.format("delta").mode("append").saveAsTable(f"{lake.lake.database}.miss_queue")
+    c = precompute.run(spark, lake, t2)
+    assert c.already_fresh > 0  # pairs embedded at T stay fresh until T+6h > t2 + 1h margin
+    assert c.queue_in == 2
+    emb = {(r.user_id, r.item_id) for r in tbl(spark, lake, "pair_embeddings").where(F.col("run_id") == c.run_id).collect()}
+    assert (user, "i_never_shown") in emb and ("u_cold", "i1") in emb  # queued pairs are always computed
+    q = {(r.user_id, r.item_id): r.consumed_by_run for r in tbl(spark, lake, "miss_queue").collect()}
+    assert q[(user, "i_never_shown")] == q[("u_cold", "i1")] == c.run_id
+    assert q[(user, "i2")] is None and c.queue_waiting >= 1
+
+
+def test_expired_rows_are_removed_and_never_counted_fresh(spark, lake):
+    precompute.run(spark, lake, T)
+    late = T + timedelta(hours=6, minutes=30)  # the T rows expired 30 minutes ago
+    c = precompute.run(spark, lake, late)
+    assert c.expired_removed > 0
+    assert tbl(spark, lake, "pair_embeddings").where(F.col("expires_at") <= F.lit(late)).count() == 0
+
+
+def test_selection_per_user_and_bad_parameters(spark):
+    p = speculate.SpeculateParams(T, 3, 5, 5, 0.5, "per_user", 60)
+    scored = spark.createDataFrame(
+        [("a", f"i{k}", "speculated", None, None, float(k)) for k in range(4)] + [("b", "i9", "speculated", None, None, 0.1)],
+        "user_id string, item_id string, origin string, device string, surface string, score double")
+    fresh = spark.createDataFrame([("a", "i3", T + timedelta(hours=5))], "user_id string, item_id string, expires_at timestamp")
+    out = {(r.user_id, r.item_id): r.selected for r in speculate.select(scored, fresh, p).collect()}
+    # per user top half: a -> i3, i2 (i3 is fresh past t + margin, so skipped); b -> its only pair
+    assert out == {("a", "i3"): False, ("a", "i2"): True, ("a", "i1"): False, ("a", "i0"): False, ("b", "i9"): True}
+    nan = scored.withColumn("score", F.lit(float("nan")))
+    with pytest.raises(ValueError, match="NaN scores"):
+        speculate.select(nan, fresh, p)
+    for bad in (dict(budget=0), dict(budget=1.5), dict(selection="random"), dict(lookback_hours=0)):
+        with pytest.raises(ValueError):
+            replace(p, **bad)
+
+
+def test_candidates_are_users_by_recent_and_trending_items(spark):
+    p = speculate.SpeculateParams(T, 3, 1, 1, 0.2, "global", 60)
+    reqs = spark.createDataFrame([
+        ("r1", "a", "x", T - timedelta(hours=1), 1, "d", "s"), ("r1", "a", "y", T - timedelta(hours=1), 0, "d", "s"),
+        ("r2", "b", "z", T - timedelta(minutes=30), 0, "d2", "s"), ("r3", "a", "w", T - timedelta(minutes=10), 0, "d3", "s")],
+        "request_id string, user_id string, item_id string, ts timestamp, label int, device string, surface string")
+    misses = spark.createDataFrame([("c", "q")], "user_id string, item_id string")
+    got = {(r.user_id, r.item_id, r.origin, r.device) for r in speculate.candidates(reqs, misses, p).collect()}
+    # recent: a's latest item (w), b's (z); trending: x (the only click); queued: (c, q), cold context
+    assert got == {("a", "w", "speculated", "d3"), ("a", "x", "speculated", "d3"), ("b", "z", "speculated", "d2"),
+                   ("b", "x", "speculated", "d2"), ("c", "q", "miss_queue", None)}
+
+
+def test_history_is_strictly_before_t_and_empty_for_unknown_users(spark):
+    ev = spark.createDataFrame([("a", "p", T - timedelta(hours=2)), ("a", "q", T - timedelta(hours=1)),
+                                ("a", "late", T)], "user_id string, item_id string, ts timestamp")
+    users = spark.createDataFrame([("a",), ("nobody",)], "user_id string")
+    got = {r.user_id: r.history for r in embed_pairs.histories(ev, users, T, 5).collect()}
+    assert got == {"a": ["p", "q"]}  # the event at t is not history; users without events get no row (empty history)
+
+
+def test_wrong_dimension_or_nan_embeddings_are_rejected_before_merge(spark):
+    ok = spark.createDataFrame([("a", "x", [0.1, 0.2])], "user_id string, item_id string, embedding array<float>")
+    embed_pairs.check_embeddings(ok, 2)
+    with pytest.raises(ValueError, match="expected 3 finite floats; saw sizes \\[2\\]"):
+        embed_pairs.check_embeddings(ok, 3)
+    nan = spark.createDataFrame([("a", "x", [0.1, float("nan")])], "user_id string, item_id string, embedding array<float>")
+    with pytest.raises(ValueError, match="wrong dimension or NaN"):
+        embed_pairs.check_embeddings(nan, 2)
+
+
+def test_missing_or_mismatched_checkpoints_fail_before_any_write(spark, lake):
+    versions = tbl(spark, lake, "pair_embeddings").count(), spark.sql(
+        f"DESCRIBE HISTORY {lake.lake.database}.pair_embeddings").count()
+    with pytest.raises(FileNotFoundError, match="model 'vm' has no version 'v0099'"):
+        precompute.run(spark, replace(lake, precompute=replace(lake.precompute, vm_version="v0099")), T)
+    with pytest.raises(FileNotFoundError, match="no promoted version of model 'fm'"):
+        precompute.run(spark, replace(lake, precompute=replace(lake.precompute, fm_version="promoted")), T)
+    ae_path = registry.resolve(lake.models_root, "autoencoder")
+    meta = json.loads((ae_path / "config.json").read_text())
+    original = dict(meta)
+    meta["config"] = {**meta["config"], "code_dim": meta["config"]["code_dim"] + 1}
+    (ae_path / "config.json").write_text(json.dumps(meta))
+    try:
+        with pytest.raises(registry.CheckpointMismatch, match="weights do not fit"):
+            precompute.run(spark, lake, T)
+    finally:
+        (ae_path / "config.json").write_text(json.dumps(original))
+    assert (tbl(spark, lake, "pair_embeddings").count(), spark.sql(
+        f"DESCRIBE HISTORY {lake.lake.database}.pair_embeddings").count()) == versions
+
+
+def test_interval_arguments_are_checked():
+    with pytest.raises(ValueError, match="not an ISO time"):
+        precompute.parse_time("yesterday")
+    with pytest.raises(ValueError, match="empty range"):
+        backfill.interval_ends(T, T - timedelta(hours=1), 1)
+    assert backfill.interval_ends(T, T + timedelta(hours=2), 1) == [T, T + timedelta(hours=1), T + timedelta(hours=2)]
+    assert precompute.parse_time("2026-01-05T10:00:00+01:00") == datetime(2026, 1, 5, 9)
+
+
+@pytest.mark.slow
+def test_a_run_killed_midway_leaves_every_table_readable(spark, lake):
+    """SIGKILL a precompute process once it has started writing; each table stays at a committed version."""
+    from deltalake import DeltaTable
+
+    t = T + timedelta(hours=2)
+    path = lambda n: str(lake.lake.table_path(n))  # noqa: E731
+    before = DeltaTable(path("pair_embeddings")).to_pandas().sort_values(["user_id", "item_id"]).reset_index(drop=True)
+    scores_version = DeltaTable(path("verifier_scores")).version()
+    # Its own metastore (the test session holds this one); same table folders.
+    env = {**os.environ, "SOLARIS_LAKE_ROOT": str(lake.lake.root_path), "SOLARIS_SPARK_MASTER": "local[2]",
+           "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+    cfg_file = lake.lake.root_path / "kill.toml"
+    cfg_file.write_text("[precompute]\nlookback_hours = 3\ntrending_items = 5\nrecent_items_per_user = 5\n")
+    proc = subprocess.Popen([sys.executable, "-m", "spark_jobs.precompute", "--end", t.isoformat(), "--config",
+                             str(cfg_file)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.time() + 600
+    while DeltaTable(path("verifier_scores")).version() == scores_version and time.time() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"precompute exited ({proc.returncode}) before it wrote anything")
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)  # mid-run: after the audit write, before or during the MERGE
+    proc.wait()
+    after = DeltaTable(path("pair_embeddings")).to_pandas().sort_values(["user_id", "item_id"]).reset_index(drop=True)
+    new_rows = after[after["run_id"] == t.isoformat()]
+    if len(new_rows) == 0:
+        assert after.drop(columns="embedding").equals(before.drop(columns="embedding"))  # untouched
+    # a rerun completes, and then the table holds exactly one committed result for the run
+    c = precompute.run(spark, lake, t)
+    final = tbl(spark, lake, "pair_embeddings").where(F.col("run_id") == c.run_id).count()
+    assert final == c.pairs_embedded
+    if len(new_rows):
+        assert len(new_rows) == final  # the killed run had committed its MERGE whole, not in part
