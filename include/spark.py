@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 from include.config import SolarisConfig
@@ -72,6 +73,10 @@ def delta_package() -> str:
 
 def get_spark(cfg: SolarisConfig):
     """Get or create the session for ``cfg``; one per process, as Spark allows."""
+    # Spark hands timestamps to Python in the process's local zone; SOLARIS runs in UTC throughout.
+    if os.environ.get("TZ") != "UTC":
+        os.environ["TZ"] = "UTC"
+        time.tzset()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if cfg.spark.master.startswith("local"):

@@ -137,6 +137,7 @@ def run(cfg, source: str | None, ec: EvalConfig = EvalConfig(), log=print) -> di
                                          rows[2], window, extras)}
     return {"source": source, "rows": rows, "autoencoder": ae_report, "window": window, "device": str(device),
             "fm_vm_flops_ratio": rows[-1]["flops_per_pair"] / rows[0]["flops_per_pair"],
+            "embedding_dims": [ec.fm_embedding, ec.code_dim],
             "seconds": round(time.perf_counter() - t0, 1), "models": {k: str(v) for k, v in saved.items()},
             "reference": REFERENCE}
 
@@ -152,7 +153,7 @@ def to_markdown(result: dict) -> str:
                      f"{r['calibration']:.3f} | {r['ne_vs_vm_pct']:+.2f}% | {tr} |")
     a = result["autoencoder"]
     lines += ["", f"FM/VM FLOPs per pair: {result['fm_vm_flops_ratio']:,.0f}x. Autoencoder "
-              f"({result['rows'][2]['model']} input): reconstruction MSE {a['reconstruction_mse']:.4g} "
+              f"({result['embedding_dims'][0]} -> {result['embedding_dims'][1]} floats): reconstruction MSE {a['reconstruction_mse']:.4g} "
               f"(per-dimension embedding variance {a['embedding_variance']:.4g}); FM head NE on the original "
               f"embedding {a['fm_head_ne_original']:.4f}, on the reconstruction {a['fm_head_ne_reconstructed']:.4f}.",
               f"Paper reference: KD transfers {REFERENCE['kd_transfer']}, SOLARIS {REFERENCE['solaris_transfer']}.",

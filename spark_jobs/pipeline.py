@@ -5,7 +5,8 @@
     python -m spark_jobs.pipeline --data globo --input '../shared/datasets/globo_news_clicks/clicks/*.csv.gz'
 
 Stages so far: (synthetic data) -> ingest with quarantine and data-quality checks -> summary of
-what landed where -> train the FM, autoencoder and VM variants and compare them.
+what landed where -> train the FM, autoencoder and VM variants and compare them -> hourly
+speculative precompute over the last hours of the log (verifier scoring, FM embeddings with TTL).
 """
 
 from __future__ import annotations
@@ -70,12 +71,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", choices=["quick", "full", "none"], default="quick",
                    help="model sizes for the training stage (quick: small, CPU-minutes; none: skip)")
     p.add_argument("--reports", default="reports", help="folder for the evaluation JSON and Markdown")
+    p.add_argument("--precompute-hours", type=int, default=3,
+                   help="hourly precompute runs over the log's last hours (0: skip; needs --models)")
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
 
     from include.config import load_config
 
     cfg = load_config(a.config)
-    progress = Progress(total=(4 if a.data == "synthetic" else 3) + (a.models != "none"))
+    precompute_hours = a.precompute_hours if a.models != "none" else 0
+    progress = Progress(total=(4 if a.data == "synthetic" else 3) + (a.models != "none") + (precompute_hours > 0))
     input_path = a.input
     if a.data == "synthetic":
         from include import synthetic
@@ -109,6 +113,19 @@ def main(argv: list[str] | None = None) -> int:
         print("\n" + evaluate.to_markdown(result))
         paths = evaluate.write_report(result, Path(a.reports))
         print(f"  report: {paths[0]} and {paths[1].name}; models under {cfg.lake.root_path / 'models'}")
+    if precompute_hours > 0:
+        from datetime import timedelta
+
+        from spark_jobs import precompute
+
+        last = report.max_ts.replace(minute=0, second=0, microsecond=0)
+        ends = [last - timedelta(hours=h) for h in range(precompute_hours - 1, -1, -1)]
+        progress.stage(f"hourly speculative precompute for intervals ending {ends[0]} .. {ends[-1]}")
+        for t in ends:
+            print("\n".join(precompute.run(spark, cfg, t).lines()))
+        db = cfg.lake.database
+        spark.sql(f"SELECT run_id, pairs_scored, pairs_selected, already_fresh, pairs_embedded, expired_removed "
+                  f"FROM {db}.precompute_runs ORDER BY run_id").show(truncate=False)
     print(f'\nquery it: python -m include.sql "SELECT count(*) FROM {cfg.lake.database}.request_log"')
     return 0
 
