@@ -107,6 +107,12 @@ def test_expired_rows_are_removed_and_never_counted_fresh(spark, lake):
     assert tbl(spark, lake, "pair_embeddings").where(F.col("expires_at") <= F.lit(late)).count() == 0
 
 
+def test_an_interval_with_no_traffic_is_an_empty_run_not_an_error(spark, lake):
+    c = precompute.run(spark, lake, datetime(2025, 12, 1))  # weeks before the log starts
+    assert (c.pairs_scored, c.pairs_selected, c.pairs_embedded) == (0, 0, 0)
+    assert tbl(spark, lake, "precompute_runs").where(F.col("run_id") == c.run_id).count() == 1
+
+
 def test_selection_per_user_and_bad_parameters(spark):
     p = speculate.SpeculateParams(T, 3, 5, 5, 0.5, "per_user", 60)
     scored = spark.createDataFrame(
