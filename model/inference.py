@@ -12,8 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
-
 from model import registry
 from model.autoencoder import AEConfig, EmbeddingAutoencoder
 from model.features import PAD, Vocab
@@ -53,7 +51,8 @@ def vm_scores(pdf: pd.DataFrame, vm_path: str, batch_size: int = 4096) -> np.nda
     return sigmoid(infer(vm, vm, _context(pdf, vocab), batch_size))
 
 
-def fm_codes(pdf: pd.DataFrame, fm_path: str, ae_path: str, batch_size: int = 2048) -> np.ndarray:
+def fm_codes(pdf: pd.DataFrame, fm_path: str, ae_path: str, batch_size: int = 2048,
+             device: str = "cpu") -> np.ndarray:
     """(N, C) float32 compressed interaction embeddings of rows with user_id, item_id, ts, device,
     surface and ``history`` (the user's item ids strictly before ts, oldest first)."""
     fm, ae, vocab = load_fm_encoder(fm_path, ae_path)
@@ -71,6 +70,5 @@ def fm_codes(pdf: pd.DataFrame, fm_path: str, ae_path: str, batch_size: int = 20
     def encode(b):
         return ae.encode(fm.embed(b))
 
-    with torch.inference_mode():
-        fm.eval(), ae.eval()
-        return infer(encode, fm, x, batch_size).astype(np.float32)
+    ae.to(device).eval()  # infer() moves and evals the FM; the autoencoder must sit on the same device
+    return infer(encode, fm, x, batch_size, device).astype(np.float32)

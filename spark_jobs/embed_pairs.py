@@ -24,7 +24,7 @@ def histories(events: DataFrame, users: DataFrame, t: datetime, length: int) -> 
             .select("user_id", F.transform("_h", lambda s: s["item_id"]).alias("history")))
 
 
-def embed(selected: DataFrame, fm_path: str, ae_path: str, t: datetime) -> DataFrame:
+def embed(selected: DataFrame, fm_path: str, ae_path: str, t: datetime, device: str = "cpu") -> DataFrame:
     """Add ``embedding`` (array<float>) to rows with user_id, item_id, device, surface, history."""
     import pandas as pd
 
@@ -32,7 +32,7 @@ def embed(selected: DataFrame, fm_path: str, ae_path: str, t: datetime) -> DataF
         from model.inference import fm_codes
 
         for pdf in batches:
-            codes = fm_codes(pdf.assign(ts=pd.Timestamp(t)), fm_path, ae_path)
+            codes = fm_codes(pdf.assign(ts=pd.Timestamp(t)), fm_path, ae_path, device=device)
             yield pd.DataFrame({"user_id": pdf["user_id"], "item_id": pdf["item_id"], "embedding": list(codes)})
 
     return selected.mapInPandas(run, "user_id string, item_id string, embedding array<float>")

@@ -103,7 +103,11 @@ def run(spark, cfg, t: datetime) -> RunCounters:
     fm_cfg = registry.read_json(models["fm"], "config.json")["config"]
     hist = embed_pairs.histories(spark.table(name["user_events"]), selected.select("user_id").distinct(), t,
                                  fm_cfg["history_len"])
-    embedded = embed_pairs.embed(selected.join(hist, "user_id", "left"), models["fm"], models["autoencoder"], t)
+    from model.train import pick_device
+
+    device = str(pick_device(pc.device))  # on the driver: a cuda request without a GPU fails here, early
+    embedded = embed_pairs.embed(selected.join(hist, "user_id", "left"), models["fm"], models["autoencoder"], t,
+                                 device)
     rows = embed_pairs.to_rows(embedded, t, pc.ttl_hours, fm_version, run_id).persist()
     try:
         embed_pairs.check_embeddings(rows, ae.cfg.code_dim)
