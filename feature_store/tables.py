@@ -193,8 +193,105 @@ PRECOMPUTE_RUNS = TableSpec(
     primary_key=("run_id",),
 )
 
+USER_EMBEDDING_SUMS = TableSpec(
+    name="user_embedding_sums",
+    description="Per precompute run and user: the sum and count of the pair embeddings the run wrote (partials of the user means).",
+    columns=(
+        ("run_id", "STRING", "precompute run that wrote the pair embeddings"),
+        ("user_id", "STRING", "source user id"),
+        ("embedding_sum", "ARRAY<DOUBLE>", "sum of the user's valid pair embeddings from the run (C values)"),
+        ("pair_count", "BIGINT", "pairs summed"),
+        ("computed_at", "TIMESTAMP", "the run's time t"),
+    ),
+    primary_key=("run_id", "user_id"),
+    partition_by=("run_id",),
+    expiry="partials older than the user-mean window are deleted by the user-mean job",
+)
+
+USER_MEAN_EMBEDDINGS = TableSpec(
+    name="user_mean_embeddings",
+    description="Per user, the mean of the user's pair embeddings computed in the window before computed_at: the user_mean tier.",
+    columns=(
+        ("user_id", "STRING", "source user id"),
+        ("embedding", "ARRAY<FLOAT>", "mean pair embedding (C floats)"),
+        ("pair_count", "BIGINT", "pair embeddings averaged (a pair recomputed twice counts twice)"),
+        ("window_start", "TIMESTAMP", "embeddings computed in [window_start, computed_at] were averaged"),
+        ("computed_at", "TIMESTAMP", "the run's time t"),
+        ("expires_at", "TIMESTAMP", "computed_at + user-mean TTL; never served at or after this time"),
+        ("run_id", "STRING", "run that wrote it"),
+    ),
+    primary_key=("user_id",),
+    expiry="a row is valid for t in [computed_at, expires_at)",
+)
+
+USER_NEIGHBORS = TableSpec(
+    name="user_neighbors",
+    description="Per user, the top-k most similar users (cosine of FM user vectors) that have a user mean to lend.",
+    columns=(
+        ("user_id", "STRING", "the user who borrows"),
+        ("rank", "INT", "1 = most similar"),
+        ("neighbor_id", "STRING", "the user lent from"),
+        ("similarity", "FLOAT", "cosine similarity of the FM user vectors"),
+        ("index_kind", "STRING", "FAISS index that found it: IndexFlatIP (exact) or IndexHNSWFlat"),
+        ("computed_at", "TIMESTAMP", "the build's time t"),
+        ("expires_at", "TIMESTAMP", "computed_at + neighbor TTL; never served at or after this time"),
+        ("run_id", "STRING", "build that wrote it"),
+    ),
+    primary_key=("user_id", "rank"),
+    expiry="a row is valid for t in [computed_at, expires_at); each build replaces the whole table",
+)
+
+FEATURE_VERSIONS = TableSpec(
+    name="feature_versions",
+    description="Published snapshots: the Delta versions of the serving tables after each run; readers serve the latest.",
+    columns=(
+        ("run_id", "STRING", "the run whose tables these are"),
+        ("interval_end", "TIMESTAMP", "the run's time t: this snapshot serves requests from t on"),
+        ("pair_embeddings_version", "BIGINT", "Delta version of pair_embeddings"),
+        ("user_mean_embeddings_version", "BIGINT", "Delta version of user_mean_embeddings"),
+        ("user_neighbors_version", "BIGINT", "Delta version of user_neighbors"),
+        ("published_at", "TIMESTAMP", "wall-clock time of publication, UTC"),
+    ),
+    primary_key=("run_id",),
+)
+
+REQUEST_FEATURES = TableSpec(
+    name="request_features",
+    description="Every logged candidate with the FM embedding and tier served at its request time: what VM training reads.",
+    columns=(
+        ("request_id", "STRING", "request"),
+        ("item_id", "STRING", "candidate"),
+        ("user_id", "STRING", "requesting user"),
+        ("ts", "TIMESTAMP", "request time, UTC"),
+        ("label", "INT", "click label from request_log"),
+        ("tier", "STRING", "exact, user_mean, neighbor or none"),
+        ("embedding", "ARRAY<FLOAT>", "the embedding served (zeros for tier none)"),
+        ("snapshot_run_id", "STRING", "published snapshot that served it; NULL if none was published yet"),
+        ("date", "DATE", "partition: UTC date of ts"),
+    ),
+    primary_key=("request_id", "item_id"),
+    partition_by=("date",),
+)
+
+COVERAGE_REPORT = TableSpec(
+    name="coverage_report",
+    description="Share of served candidates by tier for a replayed interval, overall and by user activity.",
+    columns=(
+        ("report_id", "STRING", "interval start..end"),
+        ("interval_start", "TIMESTAMP", "requests from"),
+        ("interval_end", "TIMESTAMP", "requests before"),
+        ("activity", "STRING", "'all' or the user's requests in the interval: '1', '2-4', '5-19', '20+'"),
+        ("tier", "STRING", "exact, user_mean, neighbor or none"),
+        ("pairs", "BIGINT", "served candidates"),
+        ("share", "DOUBLE", "pairs / all pairs in the activity bucket"),
+    ),
+    primary_key=("report_id", "activity", "tier"),
+)
+
 ALL_TABLES: tuple[TableSpec, ...] = (REQUEST_LOG, USER_EVENTS, ITEMS, REQUEST_LOG_QUARANTINE, INGEST_RUNS,
-                                     PAIR_EMBEDDINGS, VERIFIER_SCORES, MISS_QUEUE, PRECOMPUTE_RUNS)
+                                     PAIR_EMBEDDINGS, VERIFIER_SCORES, MISS_QUEUE, PRECOMPUTE_RUNS,
+                                     USER_EMBEDDING_SUMS, USER_MEAN_EMBEDDINGS, USER_NEIGHBORS, FEATURE_VERSIONS,
+                                     REQUEST_FEATURES, COVERAGE_REPORT)
 BY_NAME = {t.name: t for t in ALL_TABLES}
 
 

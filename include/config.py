@@ -99,12 +99,28 @@ class PrecomputeConfig:
 
 
 @dataclass(frozen=True)
+class FallbackConfig:
+    """User means, neighbor tables and their resolution (spark_jobs/user_means.py, user_neighbors.py)."""
+
+    user_mean_window_hours: int = 24  # the mean covers pair embeddings computed in [t - window, t]
+    user_mean_ttl_hours: float = 6.0
+    representation_window_hours: int = 168  # users active in [t - window, t) get neighbors
+    neighbors_k: int = 10
+    neighbor_ttl_hours: float = 24.0
+    exact_search_max: int = 50_000  # FAISS: exact search up to this many lenders, HNSW above
+    hnsw_m: int = 32
+    hnsw_ef_search: int = 128
+    recall_sample: int = 1_000  # queries checked against exact search for the reported recall@k
+
+
+@dataclass(frozen=True)
 class SolarisConfig:
     lake: LakeConfig = field(default_factory=LakeConfig)
     spark: SparkConfig = field(default_factory=SparkConfig)
     clicklog: ClickLogConfig = field(default_factory=ClickLogConfig)
     quality: QualityConfig = field(default_factory=QualityConfig)
     precompute: PrecomputeConfig = field(default_factory=PrecomputeConfig)
+    fallback: FallbackConfig = field(default_factory=FallbackConfig)
 
     @property
     def models_root(self) -> Path:

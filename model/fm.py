@@ -53,20 +53,29 @@ class FoundationModel(nn.Module):
         )
         self.head = nn.Linear(cfg.embedding_dim, 1)
 
-    def embed(self, b: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The interaction embedding (B, E) of each (user, candidate) pair."""
-        hist = b["hist"]  # (B, L), 0 = padding, oldest first
+    def encode_history(self, hist: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(seq (B, L, D), padding mask (B, L), mean of the encoded history (B, D)); 0 = padding."""
         pad = hist == 0
         empty = pad.all(dim=1)  # users with no history: attend to one dummy slot instead of nothing
         pad = pad.clone()
         pad[empty, -1] = False
         pos = torch.arange(hist.shape[1], device=hist.device)
         seq = self.encoder(self.item(hist) + self.position(pos)[None], src_key_padding_mask=pad)  # (B, L, D)
+        keep = (~pad).unsqueeze(-1).float()
+        return seq, pad, (seq * keep).sum(1) / keep.sum(1).clamp(min=1.0)
+
+    def user_vector(self, b: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The FM's user-only pass (B, 2D): user id embedding and encoded history, no candidate.
+        KNN over it finds similar users even when they have no pair embeddings yet."""
+        _, _, mean_hist = self.encode_history(b["hist"])
+        return torch.cat([self.user(b["user"]), mean_hist], dim=1)
+
+    def embed(self, b: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The interaction embedding (B, E) of each (user, candidate) pair."""
+        seq, pad, mean_hist = self.encode_history(b["hist"])  # history (B, L), oldest first
         cand = self.item(b["item"])  # (B, D)
         attended, _ = self.target_attention(cand[:, None], seq, seq, key_padding_mask=pad)  # (B, 1, D)
         attended = attended[:, 0]
-        keep = (~pad).unsqueeze(-1).float()
-        mean_hist = (seq * keep).sum(1) / keep.sum(1).clamp(min=1.0)  # (B, D)
         x = torch.cat([self.user(b["user"]), cand, attended, mean_hist, cand * attended,
                        self.category(b["category"]), self.hour(b["hour"]), self.device(b["device"]),
                        self.surface(b["surface"])], dim=1)

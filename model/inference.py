@@ -43,6 +43,16 @@ def _context(pdf: pd.DataFrame, vocab: Vocab) -> dict[str, np.ndarray]:
             "label": np.zeros(len(pdf), dtype=np.float32)}
 
 
+def _history(histories, vocab: Vocab, length: int) -> np.ndarray:
+    """(N, L) item codes, oldest first, left-padded; the last ``length`` of each history."""
+    hist = np.full((len(histories), length), PAD, dtype=np.int64)
+    for i, h in enumerate(histories):
+        if h is not None and len(h):
+            codes = vocab.encode("item", list(h)[-length:])
+            hist[i, length - len(codes):] = codes
+    return hist
+
+
 def vm_scores(pdf: pd.DataFrame, vm_path: str, batch_size: int = 4096) -> np.ndarray:
     """Click probability of each row (user_id, item_id, ts, device, surface) by the verifier VM."""
     vm, vocab = load_vm(vm_path)
@@ -57,13 +67,7 @@ def fm_codes(pdf: pd.DataFrame, fm_path: str, ae_path: str, batch_size: int = 20
     surface and ``history`` (the user's item ids strictly before ts, oldest first)."""
     fm, ae, vocab = load_fm_encoder(fm_path, ae_path)
     x = _context(pdf, vocab)
-    L = fm.cfg.history_len
-    hist = np.full((len(pdf), L), PAD, dtype=np.int64)
-    for i, h in enumerate(pdf["history"]):
-        if h is not None and len(h):
-            codes = vocab.encode("item", list(h)[-L:])
-            hist[i, L - len(codes):] = codes
-    x["hist"] = hist
+    x["hist"] = _history(pdf["history"], vocab, fm.cfg.history_len)
     has_category = "category" in pdf and vocab.values["category"]
     x["category"] = vocab.encode("category", pdf["category"]) if has_category else np.zeros(len(pdf), dtype=np.int64)
 
@@ -72,3 +76,11 @@ def fm_codes(pdf: pd.DataFrame, fm_path: str, ae_path: str, batch_size: int = 20
 
     ae.to(device).eval()  # infer() moves and evals the FM; the autoencoder must sit on the same device
     return infer(encode, fm, x, batch_size, device).astype(np.float32)
+
+
+def fm_user_vectors(pdf: pd.DataFrame, fm_path: str, ae_path: str, batch_size: int = 4096,
+                    device: str = "cpu") -> np.ndarray:
+    """(N, 2D) float32 FM user-only vectors of rows with user_id and ``history`` (see FoundationModel.user_vector)."""
+    fm, _, vocab = load_fm_encoder(fm_path, ae_path)
+    x = {"user": vocab.encode("user", pdf["user_id"]), "hist": _history(pdf["history"], vocab, fm.cfg.history_len)}
+    return infer(fm.user_vector, fm, x, batch_size, device).astype(np.float32)

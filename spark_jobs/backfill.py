@@ -1,11 +1,12 @@
-"""Precompute runs over a range of interval ends, in order: the entry point for large backfills.
+"""Hourly cycles over a range of interval ends, in order: the entry point for large backfills and replays.
 
     python -m spark_jobs.backfill --start 2026-01-05T06:00:00 --end 2026-01-05T12:00:00 [--step-hours 1]
     spark-submit --master spark://host:7077 --properties-file lake/spark-solaris.conf \\
         spark_jobs/backfill.py --start ... --end ...
 
-Runs t = start, start + step, ..., end (inclusive), each exactly as the hourly run does it, in one
-Spark application. A failed run stops the backfill; runs before it stay committed and rerunning
+Runs t = start, start + step, ..., end (inclusive), each exactly as the hourly cycle does it
+(spark_jobs/cycle.py: resolve the past step's requests, precompute, user means, neighbors,
+publish; ``--stages`` picks a subset), in one Spark application. A failed run stops the backfill; runs before it stay committed and rerunning
 the range redoes them idempotently.
 """
 
@@ -14,6 +15,8 @@ from __future__ import annotations
 import argparse
 import sys
 from datetime import timedelta
+
+from spark_jobs import cycle
 
 
 def interval_ends(start, end, step_hours: float) -> list:
@@ -33,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--start", required=True, help="first interval end (UTC, ISO)")
     p.add_argument("--end", required=True, help="last interval end (UTC, ISO), inclusive")
     p.add_argument("--step-hours", type=float, default=1.0)
+    p.add_argument("--stages", default=",".join(cycle.STAGES), help="comma-separated subset of: %(default)s")
+    p.add_argument("--record-misses", action="store_true", help="queue candidates served without their exact "
+                                                                 "embedding (as the online lookup does)")
     p.add_argument("--config", help="SOLARIS TOML config")
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
 
@@ -40,12 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     from include.spark import get_spark
     from spark_jobs import precompute
 
+    stages = tuple(s.strip() for s in a.stages.split(",") if s.strip())
     ends = interval_ends(precompute.parse_time(a.start), precompute.parse_time(a.end), a.step_hours)
     cfg = load_config(a.config)
     spark = get_spark(cfg)
     for i, t in enumerate(ends, 1):
         print(f"[{i}/{len(ends)}] interval ending {t.isoformat()}", flush=True)
-        print("\n".join(precompute.run(spark, cfg, t).lines()), flush=True)
+        cycle.run(spark, cfg, t, a.step_hours, stages, a.record_misses, log=lambda s: print(s, flush=True))
     return 0
 
 

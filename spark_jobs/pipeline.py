@@ -6,7 +6,8 @@
 
 Stages so far: (synthetic data) -> ingest with quarantine and data-quality checks -> summary of
 what landed where -> train the FM, autoencoder and VM variants and compare them -> hourly
-speculative precompute over the last hours of the log (verifier scoring, FM embeddings with TTL).
+cycles over the log's last hours: speculative precompute (verifier scoring, FM embeddings
+with TTL), user means, FAISS neighbors, publication, as-of resolution and the coverage by tier.
 """
 
 from __future__ import annotations
@@ -116,16 +117,21 @@ def main(argv: list[str] | None = None) -> int:
     if precompute_hours > 0:
         from datetime import timedelta
 
-        from spark_jobs import precompute
+        from spark_jobs import coverage, cycle
 
         last = report.max_ts.replace(minute=0, second=0, microsecond=0)
         ends = [last - timedelta(hours=h) for h in range(precompute_hours - 1, -1, -1)]
-        progress.stage(f"hourly speculative precompute for intervals ending {ends[0]} .. {ends[-1]}")
+        progress.stage(f"hourly cycles (resolve, precompute, user means, neighbors, publish) for "
+                       f"{ends[0]} .. {ends[-1]}, then coverage of the requests they served")
         for t in ends:
-            print("\n".join(precompute.run(spark, cfg, t).lines()))
+            print(f"-- cycle at {t}")
+            cycle.run(spark, cfg, t)
         db = cfg.lake.database
         spark.sql(f"SELECT run_id, pairs_scored, pairs_selected, already_fresh, pairs_embedded, expired_removed "
                   f"FROM {db}.precompute_runs ORDER BY run_id").show(truncate=False)
+        if len(ends) > 1:  # requests after the first publication; the first cycle had nothing to serve from
+            print(f"coverage by tier of the requests in [{ends[0]}, {ends[-1]}):")
+            print(coverage.table(coverage.run(spark, cfg, ends[0], ends[-1])))
     print(f'\nquery it: python -m include.sql "SELECT count(*) FROM {cfg.lake.database}.request_log"')
     return 0
 

@@ -86,7 +86,10 @@ def run(spark, cfg, t: datetime) -> RunCounters:
     queue = spark.table(name["miss_queue"]).where(
         (F.col("requested_at") < F.lit(t)) & (F.col("consumed_by_run").isNull() | (F.col("consumed_by_run") == run_id)))
     stored = spark.table(name["pair_embeddings"])
-    fresh = stored.where(F.col("expires_at") > F.lit(t)).select("user_id", "item_id", "expires_at")
+    # Fresh = computed before t and still valid after it. Rows computed at t are this run's own
+    # (from an earlier attempt at the same interval); counting them would make a rerun differ.
+    fresh = stored.where((F.col("computed_at") < F.lit(t)) & (F.col("expires_at") > F.lit(t))) \
+        .select("user_id", "item_id", "expires_at")
 
     cands = speculate.candidates(window, queue, params)
     scored = speculate.score(cands, models["vm"], t).persist()

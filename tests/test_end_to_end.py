@@ -35,7 +35,10 @@ def test_main_job_reports_what_landed_where(demo_lake):
     lake, out = demo_lake
     assert "[4/6] what landed where" in out
     assert "[5/6] train the FM, autoencoder and VM variants on synthetic (quick sizes)" in out
-    assert "[6/6] hourly speculative precompute" in out and out.count("precompute run 2026-01-05T") == 2
+    assert "[6/6] hourly cycles" in out and out.count("precompute run 2026-01-05T") == 2
+    assert out.count("publish: run_id=2026-01-05T") == 2 and "user_neighbors: " in out
+    # the second cycle resolved the hour after the first publication; the coverage table follows
+    assert "coverage by tier of the requests in" in out and "| all |" in out
     assert "| VM + KD (soft labels) |" in out and (lake.parent / "reports" / "model_eval_synthetic.md").exists()
     line = next(ln for ln in out.splitlines() if ln.strip().startswith("solaris.request_log "))
     assert f"at {lake}/tables/request_log" in line

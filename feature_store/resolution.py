@@ -1,0 +1,295 @@
+"""The one rule that decides which FM embedding a (user, item) request gets, and a snapshot to apply it to.
+
+For a request at time ``now``, first match wins:
+
+1. ``exact``: the pair's own row in ``pair_embeddings``;
+2. ``user_mean``: the user's row in ``user_mean_embeddings``;
+3. ``neighbor``: from the user's rows in ``user_neighbors`` (top-k similar users): the
+   similarity-weighted mean of the neighbors' exact embeddings of this item, when at least one
+   neighbor has one; else the similarity-weighted mean of the neighbors' user means;
+4. ``none``: zeros.
+
+A row counts only while ``computed_at <= now < expires_at``, so an expired row is never served,
+whether or not cleanup has run. Neighbor weights are the similarities clipped at 0; if every
+usable neighbor has similarity <= 0 they weigh equally.
+
+The rule is applied to a ``Snapshot``: the three tables at fixed Delta versions, held as
+contiguous arrays (no Python object per pair). The batch as-of job (spark_jobs/resolve_features.py)
+and the online lookup both call ``Snapshot.resolve``, so they cannot disagree.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+TIERS = ("exact", "user_mean", "neighbor", "none")
+EXACT, USER_MEAN, NEIGHBOR, NONE = range(4)
+_NEVER = np.iinfo(np.int64).min  # expires_at of "no row": never valid
+
+
+def to_micros(t) -> np.ndarray:
+    """UTC microseconds since the epoch of a time or array of times (naive = UTC)."""
+    idx = pd.DatetimeIndex(pd.to_datetime(np.atleast_1d(np.asarray(t, dtype=object))))
+    if idx.tz is not None:
+        idx = idx.tz_convert("UTC").tz_localize(None)
+    return idx.as_unit("us").asi8
+
+
+def neighbor_weights(similarity: np.ndarray, usable: np.ndarray) -> np.ndarray:
+    """(m, k) weights summing to 1 over each row's usable neighbors (all 0 where none is usable)."""
+    w = np.where(usable, np.clip(similarity, 0.0, None), 0.0)
+    total = w.sum(axis=1, keepdims=True)
+    uniform = usable / np.maximum(usable.sum(axis=1, keepdims=True), 1)
+    return np.where(total > 0, w / np.where(total > 0, total, 1.0), uniform).astype(np.float32)
+
+
+def _micros(col: pa.ChunkedArray) -> np.ndarray:
+    if len(col) == 0:
+        return np.zeros(0, dtype=np.int64)
+    t = col.type
+    col = col.cast(pa.timestamp("us", tz=t.tz)) if pa.types.is_timestamp(t) else col
+    return col.cast(pa.int64()).to_numpy(zero_copy_only=False)
+
+
+def _vectors(col: pa.ChunkedArray, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """((n, dim) float32, mask of rows that are exactly ``dim`` finite values)."""
+    n = len(col)
+    if n == 0:
+        return np.zeros((0, dim), np.float32), np.zeros(0, bool)
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    sizes = pc.list_value_length(col).fill_null(-1).to_numpy(zero_copy_only=False)
+    ok = sizes == dim
+    out = np.zeros((n, dim), np.float32)
+    if ok.any():
+        values = pc.list_flatten(col.filter(pa.array(ok))).to_numpy(zero_copy_only=False)
+        out[ok] = values.astype(np.float32).reshape(-1, dim)
+    ok &= np.isfinite(out).all(axis=1)
+    out[~ok] = 0.0
+    return out, ok
+
+
+def infer_dim(*columns: pa.ChunkedArray, default: int) -> int:
+    """The embedding size most rows have (a few wrong-sized rows must not decide it)."""
+    sizes = [pc.list_value_length(c).drop_null().to_numpy(zero_copy_only=False) for c in columns if len(c)]
+    sizes = np.concatenate(sizes) if sizes else np.zeros(0, np.int64)
+    if not len(sizes):
+        return default
+    values, counts = np.unique(sizes.astype(np.int64), return_counts=True)
+    return int(values[np.argmax(counts)])
+
+
+@dataclass
+class Snapshot:
+    """The serving tables at one published version, as arrays indexed by user and item codes."""
+
+    dim: int
+    users: pd.Index  # user id -> code
+    items: pd.Index  # item id -> code
+    pair_keys: np.ndarray  # (P,) int64 sorted: user_code * n_items + item_code
+    pair_embedding: np.ndarray  # (P, dim) float32
+    pair_valid: np.ndarray  # (P, 2) int64 microseconds: computed_at, expires_at
+    mean_embedding: np.ndarray  # (U + 1, dim) float32, zeros where a user has no mean
+    mean_valid: np.ndarray  # (U + 1, 2); row U (code -1) is never valid
+    neighbor_ids: np.ndarray  # (U + 1, k) int64 user codes, -1 = no neighbor
+    neighbor_similarity: np.ndarray  # (U + 1, k) float32
+    neighbor_valid: np.ndarray  # (U + 1, 2)
+    run_id: str | None = None
+    stats: dict = field(default_factory=dict)
+
+    @classmethod
+    def empty(cls, dim: int, run_id: str | None = None) -> "Snapshot":
+        return cls.from_arrow(None, None, None, dim, run_id)
+
+    @classmethod
+    def from_arrow(cls, pairs: pa.Table | None, means: pa.Table | None, neighbors: pa.Table | None,
+                   dim: int | None = None, run_id: str | None = None) -> "Snapshot":
+        """Build from Arrow tables with the declared columns (None = table absent, i.e. empty).
+
+        Rows whose embedding is not ``dim`` finite floats are excluded and counted in
+        ``stats["excluded_invalid"]``; ``dim`` defaults to the size most rows have.
+        """
+        pairs = pairs if pairs is not None else _empty_pairs()
+        means = means if means is not None else _empty_means()
+        neighbors = neighbors if neighbors is not None else _empty_neighbors()
+        dim = infer_dim(pairs["embedding"], means["embedding"], default=dim or 32) if dim is None else dim
+        user_ids = pd.unique(np.concatenate([_strings(pairs["user_id"]), _strings(means["user_id"]),
+                                             _strings(neighbors["user_id"]), _strings(neighbors["neighbor_id"])]))
+        users = pd.Index(user_ids, dtype=object)
+        items = pd.Index(pd.unique(_strings(pairs["item_id"])), dtype=object)
+        n_users, n_items = len(users), max(len(items), 1)
+
+        emb, ok = _vectors(pairs["embedding"], dim)
+        keys = users.get_indexer(_strings(pairs["user_id"])).astype(np.int64) * n_items \
+            + items.get_indexer(_strings(pairs["item_id"]))
+        valid = np.stack([_micros(pairs["computed_at"]), _micros(pairs["expires_at"])], axis=1) \
+            if len(pairs) else np.zeros((0, 2), np.int64)
+        order = np.argsort(keys[ok], kind="stable")
+        pair_keys, pair_embedding, pair_valid = keys[ok][order], emb[ok][order], valid[ok][order]
+        dup = np.zeros(len(pair_keys), bool)
+        dup[1:] = pair_keys[1:] == pair_keys[:-1]  # a key stored twice: keep the first, count the rest
+        excluded = int((~ok).sum())
+
+        m_emb, m_ok = _vectors(means["embedding"], dim)
+        # Per-user arrays get one extra, never-valid last row: code -1 (unknown user) indexes it.
+        mean_embedding = np.zeros((n_users + 1, dim), np.float32)
+        mean_valid = np.full((n_users + 1, 2), _NEVER, np.int64)
+        mu = users.get_indexer(_strings(means["user_id"]))
+        if len(means):
+            mv = np.stack([_micros(means["computed_at"]), _micros(means["expires_at"])], axis=1)
+            mean_embedding[mu[m_ok]] = m_emb[m_ok]
+            mean_valid[mu[m_ok]] = mv[m_ok]
+        excluded += int((~m_ok).sum())
+
+        ranks = neighbors["rank"].to_numpy(zero_copy_only=False).astype(np.int64) if len(neighbors) else np.zeros(0, np.int64)
+        k = int(ranks.max()) if len(ranks) else 0
+        neighbor_ids = np.full((n_users + 1, k), -1, np.int64)
+        neighbor_similarity = np.zeros((n_users + 1, k), np.float32)
+        neighbor_valid = np.full((n_users + 1, 2), _NEVER, np.int64)
+        if len(neighbors):
+            nu = users.get_indexer(_strings(neighbors["user_id"]))
+            nv = users.get_indexer(_strings(neighbors["neighbor_id"]))
+            sim = neighbors["similarity"].to_numpy(zero_copy_only=False).astype(np.float32)
+            good = (ranks >= 1) & np.isfinite(sim)
+            excluded += int((~good).sum())
+            neighbor_ids[nu[good], ranks[good] - 1] = nv[good]
+            neighbor_similarity[nu[good], ranks[good] - 1] = sim[good]
+            neighbor_valid[nu[good]] = np.stack([_micros(neighbors["computed_at"]), _micros(neighbors["expires_at"])],
+                                                axis=1)[good]
+        stats = {"pairs": int((~dup).sum()), "user_means": int(m_ok.sum()),
+                 "users_with_neighbors": int((neighbor_ids >= 0).any(axis=1).sum()) if k else 0,
+                 "excluded_invalid": excluded, "duplicate_pairs": int(dup.sum())}
+        return cls(dim, users, items, pair_keys[~dup], pair_embedding[~dup], pair_valid[~dup], mean_embedding,
+                   mean_valid, neighbor_ids, neighbor_similarity, neighbor_valid, run_id, stats)
+
+    @classmethod
+    def load(cls, tables_root: str | Path, versions: dict[str, int | None] | None = None, dim: int | None = None,
+             run_id: str | None = None) -> "Snapshot":
+        """Read the three tables with delta-rs (no JVM) at the given versions (None = latest).
+
+        A table that does not exist yet is read as empty; one that exists but cannot be read raises.
+        """
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        versions = versions or {}
+        read = {}
+        for name, cols in (("pair_embeddings", PAIR_COLUMNS), ("user_mean_embeddings", MEAN_COLUMNS),
+                           ("user_neighbors", NEIGHBOR_COLUMNS)):
+            path = Path(tables_root) / name
+            try:
+                table = DeltaTable(str(path), version=versions.get(f"{name}_version"))
+            except TableNotFoundError:
+                if versions.get(f"{name}_version") is not None:
+                    raise
+                read[name] = None
+                continue
+            read[name] = table.to_pyarrow_dataset().to_table(columns=list(cols))
+        return cls.from_arrow(read["pair_embeddings"], read["user_mean_embeddings"], read["user_neighbors"], dim, run_id)
+
+    def _pairs(self, u: np.ndarray, i: np.ndarray, now: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(row of the pair in pair_* arrays, whether a valid row exists) for codes u, i (any shape)."""
+        keys = u.astype(np.int64) * max(len(self.items), 1) + i
+        pos = np.searchsorted(self.pair_keys, keys)
+        pos = np.minimum(pos, max(len(self.pair_keys) - 1, 0))
+        if not len(self.pair_keys):
+            return pos, np.zeros(keys.shape, bool)
+        found = (u >= 0) & (i >= 0) & (self.pair_keys[pos] == keys)
+        v = self.pair_valid[pos]
+        return pos, found & (v[..., 0] <= now) & (now < v[..., 1])
+
+    def _mean_ok(self, u: np.ndarray, now: np.ndarray) -> np.ndarray:
+        v = self.mean_valid[u]
+        return (v[..., 0] <= now) & (now < v[..., 1])
+
+    def resolve(self, user_ids, item_ids, now) -> tuple[np.ndarray, np.ndarray]:
+        """(embeddings (n, dim) float32, tier codes (n,) int8) for n rows of (user, item, time).
+
+        ``now`` is one time for all rows or one per row (naive = UTC). Unknown users and items
+        are not errors: they fall through to the tiers that apply, down to ``none``.
+        """
+        user_ids, item_ids = np.asarray(user_ids, dtype=object), np.asarray(item_ids, dtype=object)
+        n = len(item_ids)
+        now = np.broadcast_to(to_micros(now), (n,)) if n else np.zeros(0, np.int64)
+        u = self.users.get_indexer(user_ids) if n else np.zeros(0, np.int64)
+        i = self.items.get_indexer(item_ids) if n else np.zeros(0, np.int64)
+        out = np.zeros((n, self.dim), np.float32)
+        tier = np.full(n, NONE, np.int8)
+
+        pos, exact = self._pairs(u, i, now)
+        out[exact] = self.pair_embedding[pos[exact]]
+        tier[exact] = EXACT
+
+        mean = ~exact & self._mean_ok(u, now)
+        out[mean] = self.mean_embedding[u[mean]]
+        tier[mean] = USER_MEAN
+
+        nv = self.neighbor_valid[u]
+        rest = np.flatnonzero((tier == NONE) & (nv[:, 0] <= now) & (now < nv[:, 1])) \
+            if self.neighbor_ids.shape[1] else np.zeros(0, np.int64)
+        if len(rest):
+            nb = self.neighbor_ids[u[rest]]  # (m, k)
+            sim = self.neighbor_similarity[u[rest]]
+            t_rest = now[rest][:, None]
+            npos, n_exact = self._pairs(nb, np.broadcast_to(i[rest][:, None], nb.shape), t_rest)
+            n_exact &= nb >= 0
+            n_mean = self._mean_ok(nb, t_rest)
+            from_exact = n_exact.any(axis=1)
+            from_mean = ~from_exact & n_mean.any(axis=1)
+            w_exact = neighbor_weights(sim, n_exact)
+            w_mean = neighbor_weights(sim, n_mean)
+            emb = np.where(from_exact[:, None],
+                           np.einsum("mk,mkd->md", w_exact, self.pair_embedding[npos] if len(self.pair_keys)
+                                     else np.zeros(nb.shape + (self.dim,), np.float32)),
+                           np.einsum("mk,mkd->md", w_mean, self.mean_embedding[nb]))
+            got = from_exact | from_mean
+            out[rest[got]] = emb[got]
+            tier[rest[got]] = NEIGHBOR
+        return out, tier
+
+    def lookup(self, user_id: str, item_ids, now) -> tuple[np.ndarray, np.ndarray]:
+        """One request: ``resolve`` for one user and one time over its candidate items."""
+        item_ids = np.asarray(item_ids, dtype=object)
+        return self.resolve(np.full(len(item_ids), user_id, dtype=object), item_ids, now)
+
+
+PAIR_COLUMNS = ("user_id", "item_id", "embedding", "computed_at", "expires_at")
+MEAN_COLUMNS = ("user_id", "embedding", "computed_at", "expires_at")
+NEIGHBOR_COLUMNS = ("user_id", "rank", "neighbor_id", "similarity", "computed_at", "expires_at")
+
+
+def _strings(col) -> np.ndarray:
+    return np.asarray(col.to_pylist() if len(col) else [], dtype=object)
+
+
+def _empty(schema: dict[str, pa.DataType]) -> pa.Table:
+    return pa.table({k: pa.array([], type=t) for k, t in schema.items()})
+
+
+def _empty_pairs() -> pa.Table:
+    ts = pa.timestamp("us", tz="UTC")
+    return _empty({"user_id": pa.string(), "item_id": pa.string(), "embedding": pa.list_(pa.float32()),
+                   "computed_at": ts, "expires_at": ts})
+
+
+def _empty_means() -> pa.Table:
+    ts = pa.timestamp("us", tz="UTC")
+    return _empty({"user_id": pa.string(), "embedding": pa.list_(pa.float32()), "computed_at": ts, "expires_at": ts})
+
+
+def _empty_neighbors() -> pa.Table:
+    ts = pa.timestamp("us", tz="UTC")
+    return _empty({"user_id": pa.string(), "rank": pa.int32(), "neighbor_id": pa.string(),
+                   "similarity": pa.float32(), "computed_at": ts, "expires_at": ts})
+
+
+@functools.lru_cache(maxsize=2)
+def cached_snapshot(tables_root: str, versions: tuple[tuple[str, int], ...], dim: int, run_id: str) -> Snapshot:
+    """One loaded snapshot per (tables, versions) and process: Spark workers resolve many batches."""
+    return Snapshot.load(tables_root, dict(versions), dim, run_id)

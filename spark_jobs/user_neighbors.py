@@ -1,0 +1,125 @@
+"""Neighbor table for the run at t: each active user's top-k most similar users that can lend.
+
+User representation: the FM's user-only pass (``FoundationModel.user_vector``: the user id
+embedding and the encoded history as of t, no candidate). It is chosen over the mean pair
+embedding because the neighbor tier exists for users *without* pair embeddings or a user mean:
+a representation built from those would be missing exactly where it is needed. It comes from
+the same FM as the pair embeddings, and it needs only the user's history.
+
+Lenders (the indexed side) are users with a user mean valid at t; queries are the users with a
+request or an event in the representation window, plus the lenders. Vectors are computed inside
+Spark (``mapInPandas``), collected to the driver and searched with FAISS (model/knn.py: exact
+inner product on unit vectors up to ``exact_search_max`` lenders, HNSW above), with recall@k
+against exact search measured and printed. Each build replaces the whole table.
+
+    python -m spark_jobs.user_neighbors --end 2026-01-05T12:00:00 [--config F]   (after user_means)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from datetime import datetime, timedelta
+
+import numpy as np
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from feature_store.tables import (REQUEST_LOG, USER_EVENTS, USER_MEAN_EMBEDDINGS, USER_NEIGHBORS, conform,
+                                  ensure_tables, qualified_name)
+from spark_jobs import embed_pairs
+
+
+def user_vectors(users_with_history: DataFrame, fm_path: str, ae_path: str, device: str = "cpu") -> DataFrame:
+    """Add ``vector`` (array<float>): the FM user-only pass of rows with user_id and history."""
+
+    def run(batches):
+        import pandas as pd
+
+        from model.inference import fm_user_vectors
+
+        for pdf in batches:
+            v = fm_user_vectors(pdf, fm_path, ae_path, device=device)
+            yield pd.DataFrame({"user_id": pdf["user_id"], "vector": list(v)})
+
+    return users_with_history.mapInPandas(run, "user_id string, vector array<float>")
+
+
+def neighbor_rows(user_ids: np.ndarray, lender_ids: np.ndarray, ids: np.ndarray, sims: np.ndarray):
+    """(user_id, rank, neighbor_id, similarity) tuples for every found neighbor (id >= 0)."""
+    q, r = np.nonzero(ids >= 0)
+    return list(zip(user_ids[q].tolist(), (r + 1).tolist(), lender_ids[ids[q, r]].tolist(),
+                    sims[q, r].astype(float).tolist()))
+
+
+def run(spark, cfg, t: datetime) -> dict:
+    from model import registry
+    from model.knn import KNNConfig, neighbors, normalize
+    from model.train import pick_device
+    from spark_jobs.precompute import resolve_models
+
+    started = time.perf_counter()
+    fb, db = cfg.fallback, cfg.lake.database
+    run_id = t.isoformat(timespec="seconds")
+    ensure_tables(spark, cfg, (REQUEST_LOG, USER_EVENTS, USER_MEAN_EMBEDDINGS, USER_NEIGHBORS))
+    models = resolve_models(cfg)
+    fm_len = registry.read_json(models["fm"], "config.json")["config"]["history_len"]
+    since = t - timedelta(hours=fb.representation_window_hours)
+    lenders = (spark.table(qualified_name(USER_MEAN_EMBEDDINGS, db))
+               .where((F.col("computed_at") <= F.lit(t)) & (F.col("expires_at") > F.lit(t))).select("user_id"))
+    active = (spark.table(qualified_name(REQUEST_LOG, db)).where((F.col("ts") >= F.lit(since)) & (F.col("ts") < F.lit(t)))
+              .select("user_id")
+              .unionByName(spark.table(qualified_name(USER_EVENTS, db))
+                           .where((F.col("ts") >= F.lit(since)) & (F.col("ts") < F.lit(t))).select("user_id"))
+              .unionByName(lenders).distinct())
+    hist = embed_pairs.histories(spark.table(qualified_name(USER_EVENTS, db)), active, t, fm_len)
+    device = str(pick_device(cfg.precompute.device))
+    vecs = user_vectors(active.join(hist, "user_id", "left"), models["fm"], models["autoencoder"], device).toPandas()
+    lender_set = {r.user_id for r in lenders.collect()}
+
+    user_ids = vecs["user_id"].to_numpy(dtype=object)
+    unit, ok = normalize(np.stack(vecs["vector"].to_numpy()) if len(vecs) else np.zeros((0, 1), np.float32))
+    user_ids, unit = user_ids[ok], unit[ok]
+    is_lender = np.fromiter((u in lender_set for u in user_ids), bool, len(user_ids))
+    lender_ids = user_ids[is_lender]
+    self_index = np.full(len(user_ids), -1, np.int64)
+    self_index[is_lender] = np.arange(is_lender.sum())
+    knn = KNNConfig(k=fb.neighbors_k, exact_max=fb.exact_search_max, hnsw_m=fb.hnsw_m,
+                    hnsw_ef_search=fb.hnsw_ef_search, recall_sample=fb.recall_sample)
+    if len(lender_ids):
+        ids, sims, stats = neighbors(unit[is_lender], unit, self_index, knn)
+        rows = neighbor_rows(user_ids, lender_ids, ids, sims)
+    else:  # nobody to borrow from: an empty table, and the neighbor tier serves nothing
+        rows, stats = [], {"index": "none", "indexed": 0, "queries": len(user_ids), "recall_at_k": float("nan")}
+    df = spark.createDataFrame(rows, "user_id string, rank int, neighbor_id string, similarity float") \
+        .withColumn("index_kind", F.lit(stats["index"])) \
+        .withColumn("computed_at", F.lit(t).cast("timestamp")) \
+        .withColumn("expires_at", F.lit(t + timedelta(hours=fb.neighbor_ttl_hours)).cast("timestamp")) \
+        .withColumn("run_id", F.lit(run_id))
+    conform(df, USER_NEIGHBORS).write.format("delta").mode("overwrite") \
+        .save(str(cfg.lake.table_path(USER_NEIGHBORS.name)))
+    return {"run_id": run_id, "users_represented": int(len(vecs)), "not_representable": int((~ok).sum()),
+            "lenders": int(len(lender_ids)), "users_with_neighbors": len({r[0] for r in rows}),
+            "neighbor_rows": len(rows), "index": stats["index"], "recall_at_k": round(stats["recall_at_k"], 4),
+            "k": fb.neighbors_k, "seconds": round(time.perf_counter() - started, 2)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="user_neighbors", description=__doc__.split("\n\n")[0])
+    p.add_argument("--end", required=True, help="the build's time t (UTC, ISO)")
+    p.add_argument("--config", help="SOLARIS TOML config")
+    a = p.parse_args(sys.argv[1:] if argv is None else argv)
+
+    from include.config import load_config
+    from include.spark import get_spark
+    from spark_jobs.precompute import parse_time
+    from spark_jobs.user_means import print_counters
+
+    cfg = load_config(a.config)
+    print_counters("user neighbors", run(get_spark(cfg), cfg, parse_time(a.end)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

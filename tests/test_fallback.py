@@ -1,0 +1,189 @@
+"""Hierarchical fallback on a tiny synthetic lake: user means, FAISS neighbors, publication, as-of
+resolution into request_features, the coverage report, and their bad inputs."""
+
+from datetime import datetime, timedelta
+
+import numpy as np
+import pytest
+from pyspark.sql import functions as F
+
+from feature_store.resolution import TIERS, Snapshot
+from include import synthetic
+from model import evaluate
+from spark_jobs import coverage, cycle, publish, resolve_features, user_means, user_neighbors
+from spark_jobs import ingest_clicklog as ic
+from tests.test_model_eval import TINY
+
+T = datetime(2026, 1, 5, 8, 0, 0)  # the synthetic log runs 2026-01-05 00:00 .. 12:00
+
+
+@pytest.fixture(scope="module")
+def lake(spark, lake_root, tmp_path_factory):
+    """Tiny log and models, then hourly cycles at T and T+1h (resolve, precompute, means, neighbors, publish)."""
+    from tests.conftest import _test_config
+
+    cfg = _test_config(lake_root / "fallback", database="t_fallback").with_overrides(
+        precompute={"lookback_hours": 3, "trending_items": 5, "recent_items_per_user": 5, "device": "cpu",
+                    "budget": 0.3},
+        fallback={"neighbors_k": 3, "recall_sample": 50})
+    spark.sql(f"CREATE DATABASE IF NOT EXISTS {cfg.lake.database}")
+    path = tmp_path_factory.mktemp("syn") / "clicks.csv"
+    synthetic.write_csv(synthetic.generate(synthetic.SyntheticConfig(users=120, items=50, hours=12, visits_per_hour=20)), path)
+    ic.ingest(spark, cfg, str(path), ic.spec_from_args(ic.parse_args(["--input", str(path), "--source", "synthetic"]), cfg))
+    evaluate.run(cfg, "synthetic", TINY, log=lambda *_: None)
+    sums = {}
+    for t in (T, T + timedelta(hours=1)):
+        cycle.run(spark, cfg, t, stages=("precompute",), log=lambda *_: None)
+        # what this run wrote, before a later run can replace rows of the same pairs
+        sums[t] = {r.user_id: (np.sum(np.array(r.e, dtype=np.float64), axis=0), len(r.e)) for r in
+                   tbl(spark, cfg, "pair_embeddings").where(F.col("computed_at") == F.lit(t))
+                   .groupBy("user_id").agg(F.collect_list("embedding").alias("e")).collect()}
+        cycle.run(spark, cfg, t, stages=("user_means", "user_neighbors", "publish"), log=lambda *_: None)
+    return cfg, sums
+
+
+def tbl(spark, cfg, name):
+    return spark.table(f"{cfg.lake.database}.{name}")
+
+
+def rows(spark, cfg, name, drop=()):
+    df = tbl(spark, cfg, name)
+    return sorted(tuple(r) for r in df.select([c for c in df.columns if c not in drop]).collect())
+
+
+def test_user_means_average_every_embedding_computed_in_the_window(spark, lake):
+    cfg, sums = lake
+    t1 = T + timedelta(hours=1)
+    got = {r.user_id: r for r in tbl(spark, cfg, "user_mean_embeddings").collect()}
+    users = set(sums[T]) | set(sums[t1])
+    assert users and users <= set(got)
+    for u in users:
+        parts = [sums[t][u] for t in (T, t1) if u in sums[t]]
+        want = sum(p[0] for p in parts) / sum(p[1] for p in parts)
+        np.testing.assert_allclose(got[u].embedding, want, rtol=1e-5, atol=1e-6)
+        assert got[u].pair_count == sum(p[1] for p in parts)
+        if u in sums[t1]:
+            assert (got[u].computed_at, got[u].expires_at) == (t1, t1 + timedelta(hours=6))
+
+
+def test_neighbors_are_other_lenders_ranked_by_similarity(spark, lake):
+    cfg, _ = lake
+    t1 = T + timedelta(hours=1)
+    nb = tbl(spark, cfg, "user_neighbors").toPandas()
+    lenders = {r.user_id for r in tbl(spark, cfg, "user_mean_embeddings")
+               .where((F.col("computed_at") <= F.lit(t1)) & (F.col("expires_at") > F.lit(t1))).collect()}
+    assert len(nb) and (nb["user_id"] != nb["neighbor_id"]).all()
+    assert set(nb["neighbor_id"]) <= lenders
+    assert set(nb["index_kind"]) == {"IndexFlatIP"}  # 120 users: under exact_search_max
+    for _, g in nb.groupby("user_id"):
+        assert list(g.sort_values("rank")["rank"]) == list(range(1, len(g) + 1)) and len(g) <= 3
+        assert (np.diff(g.sort_values("rank")["similarity"].to_numpy()) <= 1e-6).all()
+
+
+def test_as_of_resolution_matches_the_lookup_and_never_reads_the_future(spark, lake):
+    cfg, _ = lake
+    start, end = T, T + timedelta(hours=2)
+    counts = resolve_features.run(spark, cfg, start, end)
+    feats = tbl(spark, cfg, "request_features").where((F.col("ts") >= F.lit(start)) & (F.col("ts") < F.lit(end))).toPandas()
+    n_requests = tbl(spark, cfg, "request_log").where((F.col("ts") >= F.lit(start)) & (F.col("ts") < F.lit(end))).count()
+    assert len(feats) == n_requests == counts["candidates"] and set(feats["tier"]) <= set(TIERS)
+    assert counts["tier_exact"] > 0 and counts["tier_user_mean"] > 0
+    pubs = {p["run_id"]: p for p in publish.published(spark, cfg)}
+    # each request read the newest snapshot published at or before it, never a later one
+    for run_id, g in feats.groupby("snapshot_run_id"):
+        assert (g["ts"] >= pd_ts(pubs[run_id]["interval_end"])).all()
+        later = [p for p in pubs.values() if p["interval_end"] > pubs[run_id]["interval_end"]]
+        assert all((g["ts"] < pd_ts(p["interval_end"])).all() for p in later)
+    # the same requests through the snapshot the online lookup loads give the same answers
+    for run_id, g in feats.groupby("snapshot_run_id"):
+        p = pubs[run_id]
+        snap = Snapshot.load(cfg.lake.tables_path, {k: v for k, v in p.items() if k.endswith("_version")}, TINY.code_dim)
+        for (user, ts), r in g.groupby(["user_id", "ts"]):
+            emb, tier = snap.lookup(user, r["item_id"].to_numpy(), ts)
+            assert [TIERS[x] for x in tier] == list(r["tier"])
+            np.testing.assert_array_equal(emb, np.stack(r["embedding"].to_numpy()).astype(np.float32))
+    none = feats[feats["tier"] == "none"]
+    assert all(not np.any(e) for e in none["embedding"])
+
+
+def pd_ts(t):
+    import pandas as pd
+
+    return pd.Timestamp(t)
+
+
+def test_coverage_shares_sum_to_one_per_bucket(spark, lake):
+    cfg, _ = lake
+    start, end = T, T + timedelta(hours=2)
+    resolve_features.run(spark, cfg, start, end)
+    report = coverage.run(spark, cfg, start, end)
+    by = {}
+    for activity, tier, pairs, share in report:
+        by.setdefault(activity, []).append((tier, pairs, share))
+    assert "all" in by and len(by["all"]) == len(TIERS)
+    for activity, tiers in by.items():
+        assert sum(s for _, _, s in tiers) == pytest.approx(1.0)
+    n = tbl(spark, cfg, "request_features").where((F.col("ts") >= F.lit(start)) & (F.col("ts") < F.lit(end))).count()
+    assert sum(p for _, p, _ in by["all"]) == n
+    assert "| all |" in coverage.table(report)
+
+
+def test_rerunning_the_fallback_stages_leaves_the_same_tables(spark, lake):
+    cfg, _ = lake
+    t1 = T + timedelta(hours=1)
+    names = ["user_mean_embeddings", "user_embedding_sums", "user_neighbors"]
+    before = {n: rows(spark, cfg, n) for n in names}
+    user_means.run(spark, cfg, t1)
+    user_neighbors.run(spark, cfg, t1)
+    assert {n: rows(spark, cfg, n) for n in names} == before
+
+
+def test_user_means_exclude_and_count_bad_embeddings(spark, make_cfg):
+    cfg = make_cfg("bad_means")
+    from feature_store.tables import PAIR_EMBEDDINGS, ensure_tables
+
+    ensure_tables(spark, cfg, (PAIR_EMBEDDINGS,))
+    t = T
+    good, same = [1.0, 2.0], [3.0, 3.0]
+    spark.createDataFrame(
+        [("one", "i1", good), ("flat", "i1", same), ("flat", "i2", same), ("nan", "i1", [float("nan"), 1.0]),
+         ("nan", "i2", [2.0, 2.0]), ("short", "i1", [1.0])],
+        "user_id string, item_id string, embedding array<float>") \
+        .withColumn("model_version", F.lit("m")).withColumn("computed_at", F.lit(t).cast("timestamp")) \
+        .withColumn("expires_at", F.lit(t + timedelta(hours=6)).cast("timestamp")) \
+        .withColumn("run_id", F.lit(t.isoformat())) \
+        .write.format("delta").mode("append").saveAsTable(f"{cfg.lake.database}.pair_embeddings")
+    c = user_means.run(spark, cfg, t, dim=2)
+    assert (c["pairs_of_run"], c["excluded_invalid"], c["users_updated"]) == (6, 2, 3)
+    got = {r.user_id: (list(r.embedding), r.pair_count) for r in tbl(spark, cfg, "user_mean_embeddings").collect()}
+    assert got == {"one": (good, 1), "flat": (same, 2), "nan": ([2.0, 2.0], 1)}  # one pair; zero variance; NaN dropped
+
+
+def test_neighbors_with_nobody_to_borrow_from_or_k_above_the_user_count():
+    from model.knn import KNNConfig, neighbors, normalize
+
+    vecs, ok = normalize(np.array([[1, 0], [1, 0], [0, 1], [0, 0]], np.float32))  # two identical, one zero
+    assert list(ok) == [True, True, True, False]
+    ids, sims, stats = neighbors(vecs[:3], vecs[:3], np.arange(3), KNNConfig(k=10, recall_sample=3))
+    assert ids.shape[1] <= 10 and stats["recall_at_k"] == 1.0
+    for q in range(3):
+        found = [i for i in ids[q] if i >= 0]
+        assert sorted(found) == sorted(set(range(3)) - {q})  # k > users: every other user, never itself
+    assert sims[0][list(ids[0]).index(1)] == pytest.approx(1.0)  # identical vectors: similarity 1
+
+
+def test_an_empty_neighbor_build_serves_no_neighbor_tier(spark, make_cfg, lake):
+    base, _ = lake
+    cfg = make_cfg("empty_neighbors", precompute={"models_root": str(base.models_root), "device": "cpu"})
+    c = user_neighbors.run(spark, cfg, T)  # no user means at all in this lake: nobody can lend
+    assert (c["lenders"], c["neighbor_rows"]) == (0, 0)
+    assert tbl(spark, cfg, "user_neighbors").count() == 0
+    snap = Snapshot.load(cfg.lake.tables_path, dim=TINY.code_dim)
+    _, tier = snap.lookup("u1", ["i1"], T)
+    assert [TIERS[x] for x in tier] == ["none"]
+
+
+def test_resolution_rejects_an_empty_interval(spark, lake):
+    cfg, _ = lake
+    with pytest.raises(ValueError, match="empty interval"):
+        resolve_features.run(spark, cfg, T, T)

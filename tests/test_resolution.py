@@ -1,0 +1,96 @@
+"""The tier-resolution rule on hand-built snapshots: order, expiry, neighbor weighting, bad rows."""
+
+from datetime import datetime, timedelta
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from feature_store.resolution import EXACT, NEIGHBOR, NONE, TIERS, USER_MEAN, Snapshot, neighbor_weights
+
+T = datetime(2026, 1, 5, 12)
+TS = pa.timestamp("us", tz="UTC")
+
+
+def pairs(rows):
+    return pa.table({"user_id": [r[0] for r in rows], "item_id": [r[1] for r in rows],
+                     "embedding": pa.array([r[2] for r in rows], type=pa.list_(pa.float32())),
+                     "computed_at": pa.array([r[3] for r in rows], type=TS),
+                     "expires_at": pa.array([r[4] for r in rows], type=TS)})
+
+
+def means(rows):
+    return pa.table({"user_id": [r[0] for r in rows],
+                     "embedding": pa.array([r[1] for r in rows], type=pa.list_(pa.float32())),
+                     "computed_at": pa.array([r[2] for r in rows], type=TS),
+                     "expires_at": pa.array([r[3] for r in rows], type=TS)})
+
+
+def neighbors(rows):
+    return pa.table({"user_id": [r[0] for r in rows], "rank": pa.array([r[1] for r in rows], type=pa.int32()),
+                     "neighbor_id": [r[2] for r in rows], "similarity": pa.array([r[3] for r in rows], type=pa.float32()),
+                     "computed_at": pa.array([T] * len(rows), type=TS),
+                     "expires_at": pa.array([T + timedelta(hours=24)] * len(rows), type=TS)})
+
+
+LIVE = (T, T + timedelta(hours=6))
+
+
+@pytest.fixture
+def snap():
+    return Snapshot.from_arrow(
+        pairs([("a", "i1", [1, 0], *LIVE), ("b", "i2", [0, 2], *LIVE), ("c", "i2", [0, 4], *LIVE),
+               ("a", "old", [9, 9], T - timedelta(hours=7), T - timedelta(hours=1))]),  # expired
+        means([("a", [0.5, 0.5], *LIVE), ("b", [1, 1], *LIVE), ("c", [3, 3], *LIVE)]),
+        neighbors([("d", 1, "b", 0.9), ("d", 2, "c", 0.1), ("e", 1, "c", 0.5)]))
+
+
+def test_first_matching_tier_wins(snap):
+    emb, tier = snap.lookup("a", ["i1", "i2"], T + timedelta(hours=1))
+    assert [TIERS[t] for t in tier] == ["exact", "user_mean"]
+    np.testing.assert_array_equal(emb, [[1, 0], [0.5, 0.5]])
+
+
+def test_neighbor_tier_prefers_neighbors_exact_embeddings_weighted_by_similarity(snap):
+    emb, tier = snap.lookup("d", ["i2", "i1"], T + timedelta(hours=1))
+    assert list(tier) == [NEIGHBOR, NEIGHBOR]
+    np.testing.assert_allclose(emb[0], 0.9 * np.array([0, 2]) + 0.1 * np.array([0, 4]), rtol=1e-6)  # both have i2
+    np.testing.assert_allclose(emb[1], 0.9 * np.array([1, 1]) + 0.1 * np.array([3, 3]), rtol=1e-6)  # neither: means
+
+
+def test_expired_rows_are_never_served_and_unknown_ids_get_none(snap):
+    emb, tier = snap.lookup("a", ["old"], T + timedelta(hours=1))
+    assert list(tier) == [USER_MEAN]  # the exact row expired an hour before
+    emb, tier = snap.lookup("a", ["i1"], T + timedelta(hours=6))  # expires_at itself is already expired
+    assert list(tier) == [NONE] and not emb.any()
+    emb, tier = snap.lookup("a", ["i1"], T - timedelta(seconds=1))  # before computed_at: not yet served
+    assert list(tier) == [NONE]
+    emb, tier = snap.lookup("stranger", ["i1", "nothing"], T + timedelta(hours=1))
+    assert list(tier) == [NONE, NONE] and emb.shape == (2, 2) and not emb.any()
+
+
+def test_per_row_times_match_one_lookup_per_time(snap):
+    times = [T + timedelta(hours=h) for h in (1, 7)]
+    emb, tier = snap.resolve(["a", "a"], ["i1", "i1"], times)
+    assert list(tier) == [EXACT, NONE]
+
+
+def test_empty_snapshot_and_empty_request():
+    s = Snapshot.empty(dim=4)
+    emb, tier = s.lookup("a", ["i1"], T)
+    assert list(tier) == [NONE] and emb.shape == (1, 4)
+    emb, tier = s.lookup("a", [], T)
+    assert emb.shape == (0, 4) and tier.shape == (0,)
+
+
+def test_nan_or_wrong_sized_rows_are_excluded_and_counted():
+    s = Snapshot.from_arrow(pairs([("a", "i1", [1, 2], *LIVE), ("a", "i2", [float("nan"), 1], *LIVE),
+                                   ("a", "i3", [1, 2, 3], *LIVE)]), means([("a", [1, float("inf")], *LIVE)]), None)
+    assert s.dim == 2 and s.stats["excluded_invalid"] == 3 and s.stats["pairs"] == 1
+    _, tier = s.lookup("a", ["i1", "i2", "i3"], T)
+    assert list(tier) == [EXACT, NONE, NONE]
+
+
+def test_weights_clip_negative_similarity_and_fall_back_to_uniform():
+    w = neighbor_weights(np.array([[0.6, -0.2, 0.2], [-0.5, -0.1, 0.3]]), np.array([[1, 1, 1], [1, 1, 0]], bool))
+    np.testing.assert_allclose(w, [[0.75, 0, 0.25], [0.5, 0.5, 0]])
