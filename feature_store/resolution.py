@@ -36,7 +36,10 @@ _NEVER = np.iinfo(np.int64).min  # expires_at of "no row": never valid
 
 def to_micros(t) -> np.ndarray:
     """UTC microseconds since the epoch of a time or array of times (naive = UTC)."""
-    idx = pd.DatetimeIndex(pd.to_datetime(np.atleast_1d(np.asarray(t, dtype=object))))
+    arr = np.atleast_1d(np.asarray(t))
+    if np.issubdtype(arr.dtype, np.number):  # an epoch number has no unit; refuse rather than guess
+        raise TypeError(f"expected times (datetime, numpy datetime64, pandas Timestamp), got {arr.dtype} numbers")
+    idx = pd.DatetimeIndex(pd.to_datetime(arr.astype(object) if arr.dtype.kind == "O" else arr))
     if idx.tz is not None:
         idx = idx.tz_convert("UTC").tz_localize(None)
     return idx.as_unit("us").asi8

@@ -46,7 +46,7 @@ def resolve(requests: DataFrame, publications: list[dict], tables_root: str, dim
                 rows = which == w
                 snap = cached_snapshot(tables_root, versions[w], dim, run_ids[w])
                 emb[rows], tier[rows] = snap.resolve(pdf["user_id"].to_numpy()[rows], pdf["item_id"].to_numpy()[rows],
-                                                     now[rows])
+                                                     pdf["ts"].to_numpy()[rows])
             yield pdf.assign(tier=np.asarray(TIERS, dtype=object)[tier], embedding=list(emb),
                              snapshot_run_id=[run_ids[w] if w >= 0 else None for w in which])
 

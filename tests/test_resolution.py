@@ -94,3 +94,8 @@ def test_nan_or_wrong_sized_rows_are_excluded_and_counted():
 def test_weights_clip_negative_similarity_and_fall_back_to_uniform():
     w = neighbor_weights(np.array([[0.6, -0.2, 0.2], [-0.5, -0.1, 0.3]]), np.array([[1, 1, 1], [1, 1, 0]], bool))
     np.testing.assert_allclose(w, [[0.75, 0, 0.25], [0.5, 0.5, 0]])
+
+
+def test_epoch_numbers_are_refused_as_times(snap):
+    with pytest.raises(TypeError, match="expected times"):
+        snap.lookup("a", ["i1"], 1767614400000000)
