@@ -1,0 +1,205 @@
+"""The embedded online store: the newest published snapshot in memory, reloaded in the background.
+
+``OnlineStore.lookup(user_id, item_ids, now)`` answers with the shared rule
+(feature_store/resolution.py) on the snapshot current when the call began. A poller thread
+watches ``feature_versions`` (delta-rs, no JVM); when a new run is published it loads the new
+snapshot beside the old one and swaps one reference, so a request sees the old snapshot or the
+new one, never half of each. A version that fails to load leaves the old one serving and is
+reported in ``status()``. Tables missing at start-up give an empty snapshot (tier ``none``) and
+``ready = False`` until a publication loads.
+
+Misses (candidates served without their exact embedding) go to a bounded buffer that a second
+thread appends to ``miss_queue``; a full buffer drops and counts, the request never waits.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from feature_store.resolution import EXACT, Snapshot
+
+log = logging.getLogger("solaris.online")
+
+
+@dataclass(frozen=True)
+class Published:
+    run_id: str
+    interval_end: datetime
+    versions: dict[str, int]
+
+
+def latest_publication(tables_root: str | Path) -> Published | None:
+    """The newest row of feature_versions, or None when nothing was published yet."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        table = DeltaTable(str(Path(tables_root) / "feature_versions"))
+    except TableNotFoundError:
+        return None
+    rows = table.to_pyarrow_dataset().to_table().to_pylist()
+    if not rows:
+        return None
+    row = max(rows, key=lambda r: (r["interval_end"], r["published_at"]))
+    return Published(row["run_id"], row["interval_end"],
+                     {k: int(v) for k, v in row.items() if k.endswith("_version") and v is not None})
+
+
+class MissRecorder:
+    """Bounded buffer of (user_id, item_id, requested_at) flushed to miss_queue by a background thread."""
+
+    def __init__(self, tables_root: str | Path, capacity: int = 100_000, flush_seconds: float = 2.0):
+        self.path = str(Path(tables_root) / "miss_queue")
+        self.capacity, self.flush_seconds = capacity, flush_seconds
+        self._buf: list[tuple[str, str, datetime]] = []
+        self._lock = threading.Lock()
+        self.recorded = self.dropped = self.flushed = self.flush_errors = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="miss-flusher", daemon=True)
+
+    def start(self) -> "MissRecorder":
+        self._thread.start()
+        return self
+
+    def add(self, user_id: str, item_ids, now: datetime) -> None:
+        with self._lock:
+            room = self.capacity - len(self._buf)
+            take = list(item_ids)[: max(room, 0)]
+            self._buf.extend((user_id, i, now) for i in take)
+            self.recorded += len(take)
+            self.dropped += len(item_ids) - len(take)
+
+    def flush(self) -> int:
+        import pyarrow as pa
+        from deltalake import write_deltalake
+
+        with self._lock:
+            rows, self._buf = self._buf, []
+        if not rows:
+            return 0
+        ts = pa.timestamp("us", tz="UTC")
+        table = pa.table({"user_id": pa.array([r[0] for r in rows], pa.string()),
+                          "item_id": pa.array([r[1] for r in rows], pa.string()),
+                          "requested_at": pa.array([r[2] for r in rows], ts),
+                          "origin": pa.array(["lookup"] * len(rows), pa.string()),
+                          "consumed_by_run": pa.array([None] * len(rows), pa.string())})
+        try:
+            write_deltalake(self.path, table, mode="append")
+        except Exception as e:  # the table is missing or busy: keep what fits, try again next time
+            self.flush_errors += 1
+            log.warning("miss_queue flush failed (%s); %d misses kept for the next try", e, len(rows))
+            with self._lock:
+                keep = rows[: max(self.capacity - len(self._buf), 0)]
+                self.dropped += len(rows) - len(keep)
+                self._buf = keep + self._buf
+            return 0
+        self.flushed += len(rows)
+        return len(rows)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.flush_seconds):
+            self.flush()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+        self.flush()
+
+
+@dataclass
+class _State:
+    snapshot: Snapshot
+    published: Published | None
+    loaded_at: float = field(default_factory=time.time)
+
+
+class OnlineStore:
+    """Lookups on the newest published snapshot, with background reload and miss recording."""
+
+    def __init__(self, tables_root: str | Path, dim: int | None = None, poll_seconds: float = 5.0,
+                 record_misses: bool = True, miss_capacity: int = 100_000, miss_flush_seconds: float = 2.0):
+        self.tables_root, self.dim, self.poll_seconds = str(tables_root), dim, poll_seconds
+        self._state = _State(Snapshot.empty(dim or 32), None)  # dim None: the size the tables hold
+        self.misses = MissRecorder(tables_root, miss_capacity, miss_flush_seconds) if record_misses else None
+        self.reloads = self.reload_failures = 0
+        self.last_error: str | None = None
+        self._stop = threading.Event()
+        self._poller = threading.Thread(target=self._poll_loop, name="snapshot-poller", daemon=True)
+
+    @property
+    def ready(self) -> bool:
+        return self._state.published is not None
+
+    @property
+    def snapshot(self) -> Snapshot:
+        return self._state.snapshot
+
+    def start(self) -> "OnlineStore":
+        self.poll_once()
+        if self.misses:
+            self.misses.start()
+        self._poller.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._poller.is_alive():
+            self._poller.join(timeout=10)
+        if self.misses:
+            self.misses.stop()
+
+    def poll_once(self) -> bool:
+        """Load and swap in the newest publication if it is new; True when a new snapshot went live."""
+        try:
+            pub = latest_publication(self.tables_root)
+            current = self._state.published
+            if pub is None or (current is not None and pub.run_id == current.run_id
+                               and pub.versions == current.versions):
+                return False
+            snap = Snapshot.load(self.tables_root, pub.versions, self.dim, pub.run_id)
+        except Exception as e:  # a corrupt or unreadable version: keep serving the old one
+            self.reload_failures += 1
+            self.last_error = f"{type(e).__name__}: {e}"
+            log.error("snapshot reload failed, still serving %s: %s",
+                      self._state.published.run_id if self._state.published else "nothing", self.last_error)
+            return False
+        self._state = _State(snap, pub)  # one reference swap: requests see old or new, never a mix
+        self.reloads += 1
+        self.last_error = None
+        log.info("serving snapshot %s (%s)", pub.run_id, snap.stats)
+        return True
+
+    def _poll_loop(self) -> None:
+        while not self._stop.wait(self.poll_seconds):
+            self.poll_once()
+
+    def lookup(self, user_id: str, item_ids, now: datetime | None = None) -> tuple[np.ndarray, np.ndarray, str | None]:
+        """(embeddings (n, dim) float32, tier codes (n,), snapshot run id). ``now`` defaults to the clock."""
+        state = self._state  # the snapshot for the whole request, whatever a reload does meanwhile
+        now = now or datetime.now(timezone.utc).replace(tzinfo=None)
+        emb, tiers = state.snapshot.lookup(user_id, item_ids, now)
+        if self.misses is not None and len(tiers):
+            missed = tiers != EXACT
+            if missed.any():
+                self.misses.add(user_id, np.asarray(item_ids, dtype=object)[missed].tolist(), now)
+        return emb, tiers, state.published.run_id if state.published else None
+
+    def status(self) -> dict:
+        state = self._state
+        pub = state.published
+        return {"ready": pub is not None, "snapshot_run_id": pub.run_id if pub else None,
+                "snapshot_versions": pub.versions if pub else None,
+                "snapshot_loaded_seconds_ago": round(time.time() - state.loaded_at, 3),
+                "snapshot_stats": state.snapshot.stats, "dim": state.snapshot.dim,
+                "reloads": self.reloads, "reload_failures": self.reload_failures, "last_error": self.last_error,
+                "misses": None if self.misses is None else {
+                    "recorded": self.misses.recorded, "dropped": self.misses.dropped,
+                    "flushed": self.misses.flushed, "flush_errors": self.misses.flush_errors}}

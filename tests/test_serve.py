@@ -1,0 +1,268 @@
+"""The lookup service, for real: a server on 127.0.0.1 over Delta tables, queried over HTTP, reloaded
+under load, fed bad input. Tables are written with delta-rs in the declared schemas."""
+
+import json
+import threading
+import time
+from datetime import datetime, timedelta
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from feature_store.client import LookupClient, LookupFailed
+from feature_store.online import OnlineStore
+from feature_store.resolution import Snapshot
+from feature_store.serve import LookupServer, decode_binary, encode_binary
+
+T = datetime(2026, 1, 5, 12)
+TS = pa.timestamp("us", tz="UTC")
+DIM = 8
+
+
+def pair_table(users, items, seed, t=T, ttl=6):
+    rng = np.random.default_rng(seed)
+    n = len(users)
+    return pa.table({"user_id": pa.array(users, pa.string()), "item_id": pa.array(items, pa.string()),
+                     "embedding": pa.array(list(rng.standard_normal((n, DIM)).astype(np.float32)), pa.list_(pa.float32())),
+                     "model_version": pa.array(["m"] * n, pa.string()), "computed_at": pa.array([t] * n, TS),
+                     "expires_at": pa.array([t + timedelta(hours=ttl)] * n, TS), "run_id": pa.array([t.isoformat()] * n)})
+
+
+def mean_table(users, seed, t=T):
+    rng = np.random.default_rng(seed)
+    n = len(users)
+    return pa.table({"user_id": pa.array(users, pa.string()),
+                     "embedding": pa.array(list(rng.standard_normal((n, DIM)).astype(np.float32)), pa.list_(pa.float32())),
+                     "pair_count": pa.array([3] * n, pa.int64()), "window_start": pa.array([t - timedelta(hours=24)] * n, TS),
+                     "computed_at": pa.array([t] * n, TS), "expires_at": pa.array([t + timedelta(hours=6)] * n, TS),
+                     "run_id": pa.array([t.isoformat()] * n)})
+
+
+def neighbor_table(rows, t=T):
+    return pa.table({"user_id": pa.array([r[0] for r in rows], pa.string()), "rank": pa.array([r[1] for r in rows], pa.int32()),
+                     "neighbor_id": pa.array([r[2] for r in rows], pa.string()),
+                     "similarity": pa.array([r[3] for r in rows], pa.float32()),
+                     "index_kind": pa.array(["IndexFlatIP"] * len(rows)), "computed_at": pa.array([t] * len(rows), TS),
+                     "expires_at": pa.array([t + timedelta(hours=24)] * len(rows), TS),
+                     "run_id": pa.array([t.isoformat()] * len(rows))})
+
+
+def publish(root, run_id, t=T):
+    versions = {f"{n}_version": DeltaTable(str(root / n)).version()
+                for n in ("pair_embeddings", "user_mean_embeddings", "user_neighbors")}
+    write_deltalake(str(root / "feature_versions"), pa.table({
+        "run_id": [run_id], "interval_end": pa.array([t], TS),
+        **{k: pa.array([v], pa.int64()) for k, v in versions.items()},
+        "published_at": pa.array([datetime.now()], TS)}), mode="append")
+    return versions
+
+
+def write_version(root, seed, mode="overwrite"):
+    users = [f"u{k}" for k in range(50)]
+    write_deltalake(str(root / "pair_embeddings"), pair_table([u for u in users for _ in range(4)],
+                                                              [f"i{(k * 7 + j) % 40}" for k in range(50) for j in range(4)], seed),
+                    mode=mode)
+    write_deltalake(str(root / "user_mean_embeddings"), mean_table(users[:30], seed + 1), mode=mode)
+    write_deltalake(str(root / "user_neighbors"), neighbor_table(
+        [(f"v{k}", r, f"u{(k + r) % 30}", 1.0 / r) for k in range(20) for r in (1, 2, 3)]), mode=mode)
+
+
+@pytest.fixture
+def tables(tmp_path):
+    root = tmp_path / "tables"
+    write_version(root, seed=1)
+    publish(root, "2026-01-05T12:00:00")
+    write_deltalake(str(root / "miss_queue"), pa.table({
+        "user_id": pa.array([], pa.string()), "item_id": pa.array([], pa.string()), "requested_at": pa.array([], TS),
+        "origin": pa.array([], pa.string()), "consumed_by_run": pa.array([], pa.string())}))
+    return root
+
+
+@pytest.fixture
+def server(tables):
+    store = OnlineStore(tables, poll_seconds=0.2, miss_flush_seconds=0.2).start()
+    srv = LookupServer(store, "127.0.0.1", 0, max_items=500, max_body_bytes=64 * 1024)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+    store.stop()
+
+
+NOW = T + timedelta(hours=1)
+ITEMS = [f"i{k}" for k in range(40)] + ["never_seen"]
+
+
+def expected(root, user, items, now=NOW):
+    pub = [r for r in DeltaTable(str(root / "feature_versions")).to_pyarrow_table().to_pylist()]
+    latest = max(pub, key=lambda r: r["interval_end"])
+    snap = Snapshot.load(root, {k: v for k, v in latest.items() if k.endswith("_version")})
+    return snap.lookup(user, items, now), latest["run_id"]
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_lookup_over_http_matches_the_snapshot(server, tables, binary):
+    with LookupClient(server.url, binary=binary) as c:
+        for user in ("u3", "u40", "v5", "nobody"):
+            emb, tiers, snapshot = c.lookup(user, ITEMS, NOW)
+            (want_emb, want_tiers), run_id = expected(tables, user, ITEMS)
+            assert snapshot == run_id
+            np.testing.assert_array_equal(emb, want_emb)
+            assert tiers == [("exact", "user_mean", "neighbor", "none")[t] for t in want_tiers]
+    assert set(tiers) == {"none"}  # the unknown user
+
+
+def test_every_tier_is_served_and_expired_rows_are_not(server):
+    with LookupClient(server.url) as c:
+        _, tiers, _ = c.lookup("u3", ["i21", "i0"], NOW)
+        assert tiers == ["exact", "user_mean"]
+        _, tiers, _ = c.lookup("v5", ["i0"], NOW)
+        assert tiers == ["neighbor"]
+        _, tiers, _ = c.lookup("u3", ["i21"], T + timedelta(hours=6))  # expires_at: no longer served
+        assert tiers == ["user_mean"] or tiers == ["none"]
+        _, tiers, _ = c.lookup("u3", ["i21"], T + timedelta(hours=7))
+        assert tiers == ["none"]
+
+
+def test_bad_requests_get_clear_4xx_and_the_server_keeps_serving(server):
+    with LookupClient(server.url, binary=False) as c:
+        cases = [(b"{not json", 400, "malformed JSON"), (b"[1, 2]", 400, "JSON object"),
+                 (json.dumps({"item_ids": ["i1"]}).encode(), 400, "user_id"),
+                 (json.dumps({"user_id": 7, "item_ids": ["i1"]}).encode(), 400, "user_id"),
+                 (json.dumps({"user_id": "u1", "item_ids": "i1"}).encode(), 400, "list"),
+                 (json.dumps({"user_id": "u1", "item_ids": ["i1", 2]}).encode(), 400, "item_ids[1]"),
+                 (json.dumps({"user_id": "u1", "item_ids": ["i"] * 501}).encode(), 413, "too many items"),
+                 (json.dumps({"user_id": "u1", "item_ids": ["i1"], "now": "yesterday"}).encode(), 400, "ISO")]
+        for body, status, message in cases:
+            got, _, data = c.request("POST", "/v1/lookup", body, {"Content-Type": "application/json"})
+            assert got == status and message in json.loads(data)["error"], (body, got, data)
+        got, _, data = c.request("POST", "/v1/lookup", b"x" * 70_000, {"Content-Type": "application/json"})
+        assert got == 413 and "limit" in json.loads(data)["error"]
+        got, _, _ = c.request("POST", "/v1/nothing", b"{}")
+        assert got == 404
+        emb, tiers, _ = c.lookup("u3", [], NOW)  # an empty candidate list is an empty answer
+        assert emb.shape == (0, DIM) or emb.size == 0
+        emb, tiers, _ = c.lookup("u3", ["i21", "i21"], NOW)  # duplicates: answered per position
+        assert tiers == ["exact", "exact"] and (emb[0] == emb[1]).all()
+        status, health = c.get_json("/healthz")
+        assert status == 200 and health["ok"]
+        status, metrics = c.request("GET", "/metrics")[0], c.request("GET", "/metrics")[2].decode()
+        assert 'solaris_lookup_requests_total{status="400"} 7' in metrics
+        assert 'solaris_lookup_requests_total{status="413"} 2' in metrics
+        assert 'solaris_snapshot_info{run_id="2026-01-05T12:00:00"} 1' in metrics
+
+
+def test_reload_under_load_answers_every_request_from_one_whole_snapshot(server, tables):
+    """Clients hammer the server while a new version is published; each answer must equal the old or
+    the new snapshot's answer for its X-Solaris-Snapshot, never a mix, and none may fail."""
+    users = ["u3", "u17", "v5", "u29"]
+    want = {"2026-01-05T12:00:00": {u: expected(tables, u, ITEMS)[0] for u in users}}
+    answers, errors, stop = [], [], threading.Event()
+
+    def hammer():
+        with LookupClient(server.url) as c:
+            while not stop.is_set():
+                for u in users:
+                    try:
+                        answers.append((u, *c.lookup(u, ITEMS, NOW)))
+                    except Exception as e:  # noqa: BLE001 - every failure is a test failure below
+                        errors.append(repr(e))
+
+    threads = [threading.Thread(target=hammer) for _ in range(4)]
+    for th in threads:
+        th.start()
+    time.sleep(0.5)
+    write_version(tables, seed=99)
+    publish(tables, "2026-01-05T13:00:00")
+    want["2026-01-05T13:00:00"] = {u: expected(tables, u, ITEMS)[0] for u in users}
+    deadline = time.time() + 30
+    while not any(a[3] == "2026-01-05T13:00:00" for a in answers[-50:]) and time.time() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.3)
+    stop.set()
+    for th in threads:
+        th.join()
+    assert not errors
+    seen = {a[3] for a in answers}
+    assert seen == set(want), seen
+    for user, emb, tiers, snapshot in answers:
+        w_emb, w_tiers = want[snapshot][user]
+        np.testing.assert_array_equal(emb, w_emb)
+        assert tiers == [("exact", "user_mean", "neighbor", "none")[t] for t in w_tiers]
+
+
+def test_a_corrupt_new_version_keeps_the_old_one_serving(server, tables):
+    import shutil
+
+    write_version(tables, seed=7)
+    publish(tables, "2026-01-05T14:00:00")
+    log = tables / "user_neighbors" / "_delta_log"
+    newest = sorted(log.glob("*.json"))[-1]
+    newest.write_text("{ this is not a delta log")
+    deadline = time.time() + 10
+    while server.store.reload_failures == 0 and time.time() < deadline:
+        time.sleep(0.1)
+    status = server.store.status()
+    assert status["reload_failures"] >= 1 and status["snapshot_run_id"] == "2026-01-05T12:00:00"
+    assert status["last_error"]
+    with LookupClient(server.url) as c:
+        _, tiers, snapshot = c.lookup("u3", ["i21"], NOW)
+        assert snapshot == "2026-01-05T12:00:00" and tiers == ["exact"]
+    shutil.rmtree(tables / "user_neighbors")  # nothing else reads it here
+
+
+def test_missing_tables_at_start_serve_none_and_report_not_ready(tmp_path):
+    store = OnlineStore(tmp_path / "nothing_here", poll_seconds=60, record_misses=False).start()
+    srv = LookupServer(store, "127.0.0.1", 0)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        with LookupClient(srv.url) as c:
+            status, body = c.get_json("/readyz")
+            assert status == 503 and not body["ready"] and "no published snapshot" in body["reason"]
+            emb, tiers, snapshot = c.lookup("u1", ["i1", "i2"], NOW)
+            assert tiers == ["none", "none"] and not emb.any() and snapshot is None
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        store.stop()
+
+
+def test_misses_are_flushed_to_the_miss_queue(server, tables):
+    with LookupClient(server.url) as c:
+        c.lookup("u3", ["i21", "i0", "never_seen"], NOW)  # one exact, two misses
+    deadline = time.time() + 10
+    while server.store.misses.flushed < 2 and time.time() < deadline:
+        time.sleep(0.1)
+    rows = DeltaTable(str(tables / "miss_queue")).to_pyarrow_table().to_pylist()
+    assert sorted((r["user_id"], r["item_id"], r["origin"]) for r in rows) == [
+        ("u3", "i0", "lookup"), ("u3", "never_seen", "lookup")]
+    assert all(r["consumed_by_run"] is None for r in rows)
+
+
+def test_a_full_miss_buffer_drops_and_counts_without_blocking(tmp_path):
+    from feature_store.online import MissRecorder
+
+    rec = MissRecorder(tmp_path / "no_table_yet", capacity=3, flush_seconds=60)
+    rec.add("u", ["a", "b"], NOW)
+    rec.add("u", ["c", "d", "e"], NOW)
+    assert (rec.recorded, rec.dropped) == (3, 2)
+    assert rec.flush() == 3  # delta-rs creates the table on first append
+    assert (rec.flushed, rec.flush_errors) == (3, 0)
+
+
+def test_binary_format_round_trips():
+    emb = np.arange(15, dtype=np.float32).reshape(5, 3)
+    tiers = np.array([0, 1, 2, 3, 0], np.int8)
+    got_emb, got_tiers = decode_binary(encode_binary(emb, tiers))
+    np.testing.assert_array_equal(got_emb, emb)
+    np.testing.assert_array_equal(got_tiers, tiers)
+    with pytest.raises(ValueError):
+        decode_binary(b"nope" + b"\0" * 20)
+
+
+def test_client_raises_with_the_servers_message(server):
+    with LookupClient(server.url) as c, pytest.raises(LookupFailed, match="413"):
+        c.lookup("u1", ["i"] * 501)
