@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import numpy as np
@@ -32,10 +33,15 @@ import pyarrow.compute as pc
 TIERS = ("exact", "user_mean", "neighbor", "none")
 EXACT, USER_MEAN, NEIGHBOR, NONE = range(4)
 _NEVER = np.iinfo(np.int64).min  # expires_at of "no row": never valid
+_EPOCH, _MICRO = datetime(1970, 1, 1), timedelta(microseconds=1)
 
 
 def to_micros(t) -> np.ndarray:
     """UTC microseconds since the epoch of a time or array of times (naive = UTC)."""
+    if isinstance(t, datetime):  # one request's time: skip pandas, which costs ~1 ms per call here
+        if t.tzinfo is not None:
+            t = t.astimezone(timezone.utc).replace(tzinfo=None)
+        return np.array([(t - _EPOCH) // _MICRO], np.int64)
     arr = np.atleast_1d(np.asarray(t))
     if np.issubdtype(arr.dtype, np.number):  # an epoch number has no unit; refuse rather than guess
         raise TypeError(f"expected times (datetime, numpy datetime64, pandas Timestamp), got {arr.dtype} numbers")
@@ -88,13 +94,32 @@ def infer_dim(*columns: pa.ChunkedArray, default: int) -> int:
     return int(values[np.argmax(counts)])
 
 
+class Codes:
+    """Id -> dense code, and back. A dict: for the few hundred ids of one request it is several
+    times faster than a pandas Index, whose lookups convert their input first."""
+
+    def __init__(self, ids):
+        self.ids = np.asarray(pd.unique(np.asarray(ids, dtype=object)), dtype=object)
+        self._code = {x: i for i, x in enumerate(self.ids.tolist())}
+
+    def get_indexer(self, values) -> np.ndarray:
+        get = self._code.get
+        return np.fromiter((get(v, -1) for v in values), np.int64, len(values))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, code):
+        return self.ids[code]
+
+
 @dataclass
 class Snapshot:
     """The serving tables at one published version, as arrays indexed by user and item codes."""
 
     dim: int
-    users: pd.Index  # user id -> code
-    items: pd.Index  # item id -> code
+    users: Codes  # user id <-> code
+    items: Codes  # item id <-> code
     pair_keys: np.ndarray  # (P,) int64 sorted: user_code * n_items + item_code
     pair_embedding: np.ndarray  # (P, dim) float32
     pair_valid: np.ndarray  # (P, 2) int64 microseconds: computed_at, expires_at
@@ -122,49 +147,65 @@ class Snapshot:
         means = means if means is not None else _empty_means()
         neighbors = neighbors if neighbors is not None else _empty_neighbors()
         dim = infer_dim(pairs["embedding"], means["embedding"], default=dim or 32) if dim is None else dim
-        user_ids = pd.unique(np.concatenate([_strings(pairs["user_id"]), _strings(means["user_id"]),
-                                             _strings(neighbors["user_id"]), _strings(neighbors["neighbor_id"])]))
-        users = pd.Index(user_ids, dtype=object)
-        items = pd.Index(pd.unique(_strings(pairs["item_id"])), dtype=object)
+        p_emb, p_ok = _vectors(pairs["embedding"], dim)
+        m_emb, m_ok = _vectors(means["embedding"], dim)
+
+        def valid(t):
+            return np.stack([_micros(t["computed_at"]), _micros(t["expires_at"])], axis=1) if len(t) \
+                else np.zeros((0, 2), np.int64)
+
+        sims = neighbors["similarity"].to_numpy(zero_copy_only=False).astype(np.float32) if len(neighbors) \
+            else np.zeros(0, np.float32)
+        ranks = neighbors["rank"].to_numpy(zero_copy_only=False).astype(np.int64) if len(neighbors) \
+            else np.zeros(0, np.int64)
+        return cls.from_columns(
+            dim, (_strings(pairs["user_id"]), _strings(pairs["item_id"]), p_emb, p_ok, valid(pairs)),
+            (_strings(means["user_id"]), m_emb, m_ok, valid(means)),
+            (_strings(neighbors["user_id"]), ranks, _strings(neighbors["neighbor_id"]), sims, valid(neighbors)), run_id)
+
+    @classmethod
+    def from_columns(cls, dim: int, pairs: tuple, means: tuple, neighbors: tuple, run_id: str | None = None) -> "Snapshot":
+        """Build from numpy columns (what ``from_arrow`` and the Redis backend both produce):
+
+        pairs = (user ids, item ids, embeddings (n, dim), usable mask, validity (n, 2) µs);
+        means = (user ids, embeddings, usable mask, validity); neighbors = (user ids, ranks from 1,
+        neighbor ids, similarities, validity). Rows not usable are excluded and counted.
+        """
+        p_users, p_items, emb, ok, valid = pairs
+        m_users, m_emb, m_ok, m_valid = means
+        n_users_col, ranks, n_ids, sim, n_valid = neighbors
+        users = Codes(np.concatenate([np.asarray(c, dtype=object) for c in (p_users, m_users, n_users_col, n_ids)]))
+        items = Codes(p_items)
         n_users, n_items = len(users), max(len(items), 1)
 
-        emb, ok = _vectors(pairs["embedding"], dim)
-        keys = users.get_indexer(_strings(pairs["user_id"])).astype(np.int64) * n_items \
-            + items.get_indexer(_strings(pairs["item_id"]))
-        valid = np.stack([_micros(pairs["computed_at"]), _micros(pairs["expires_at"])], axis=1) \
-            if len(pairs) else np.zeros((0, 2), np.int64)
+        keys = users.get_indexer(p_users).astype(np.int64) * n_items + items.get_indexer(p_items) if len(p_users) \
+            else np.zeros(0, np.int64)
         order = np.argsort(keys[ok], kind="stable")
         pair_keys, pair_embedding, pair_valid = keys[ok][order], emb[ok][order], valid[ok][order]
         dup = np.zeros(len(pair_keys), bool)
         dup[1:] = pair_keys[1:] == pair_keys[:-1]  # a key stored twice: keep the first, count the rest
         excluded = int((~ok).sum())
 
-        m_emb, m_ok = _vectors(means["embedding"], dim)
         # Per-user arrays get one extra, never-valid last row: code -1 (unknown user) indexes it.
         mean_embedding = np.zeros((n_users + 1, dim), np.float32)
         mean_valid = np.full((n_users + 1, 2), _NEVER, np.int64)
-        mu = users.get_indexer(_strings(means["user_id"]))
-        if len(means):
-            mv = np.stack([_micros(means["computed_at"]), _micros(means["expires_at"])], axis=1)
+        if len(m_users):
+            mu = users.get_indexer(m_users)
             mean_embedding[mu[m_ok]] = m_emb[m_ok]
-            mean_valid[mu[m_ok]] = mv[m_ok]
+            mean_valid[mu[m_ok]] = m_valid[m_ok]
         excluded += int((~m_ok).sum())
 
-        ranks = neighbors["rank"].to_numpy(zero_copy_only=False).astype(np.int64) if len(neighbors) else np.zeros(0, np.int64)
         k = int(ranks.max()) if len(ranks) else 0
         neighbor_ids = np.full((n_users + 1, k), -1, np.int64)
         neighbor_similarity = np.zeros((n_users + 1, k), np.float32)
         neighbor_valid = np.full((n_users + 1, 2), _NEVER, np.int64)
-        if len(neighbors):
-            nu = users.get_indexer(_strings(neighbors["user_id"]))
-            nv = users.get_indexer(_strings(neighbors["neighbor_id"]))
-            sim = neighbors["similarity"].to_numpy(zero_copy_only=False).astype(np.float32)
+        if len(ranks):
+            nu, nv = users.get_indexer(n_users_col), users.get_indexer(n_ids)
             good = (ranks >= 1) & np.isfinite(sim)
             excluded += int((~good).sum())
             neighbor_ids[nu[good], ranks[good] - 1] = nv[good]
             neighbor_similarity[nu[good], ranks[good] - 1] = sim[good]
-            neighbor_valid[nu[good]] = np.stack([_micros(neighbors["computed_at"]), _micros(neighbors["expires_at"])],
-                                                axis=1)[good]
+            neighbor_valid[nu[good]] = n_valid[good]
         stats = {"pairs": int((~dup).sum()), "user_means": int(m_ok.sum()),
                  "users_with_neighbors": int((neighbor_ids >= 0).any(axis=1).sum()) if k else 0,
                  "excluded_invalid": excluded, "duplicate_pairs": int(dup.sum())}

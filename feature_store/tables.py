@@ -321,6 +321,20 @@ def ensure_tables(spark, cfg, specs: tuple[TableSpec, ...] = ALL_TABLES) -> None
         ensure_table(spark, spec, cfg)
 
 
+def in_time_range(df, start, end, ts: str = "ts"):
+    """Rows with ``start <= ts < end``, plus the same bound on the ``date`` partition column when the
+    table has one: Spark cannot derive a partition filter from ``ts``, and without it every read of
+    an hour scans the whole log."""
+    from datetime import timedelta
+
+    from pyspark.sql import functions as F
+
+    cond = (F.col(ts) >= F.lit(start)) & (F.col(ts) < F.lit(end))
+    if "date" in df.columns:
+        cond = cond & (F.col("date") >= F.lit(start.date())) & (F.col("date") <= F.lit((end + timedelta(microseconds=-1)).date()))
+    return df.where(cond)
+
+
 def conform(df, spec: TableSpec):
     """Select and cast ``df``'s columns to exactly the declared schema, in declared order.
 

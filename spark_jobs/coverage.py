@@ -14,7 +14,8 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from feature_store.resolution import TIERS
-from feature_store.tables import COVERAGE_REPORT, REQUEST_FEATURES, conform, ensure_tables, qualified_name
+from feature_store.tables import (COVERAGE_REPORT, REQUEST_FEATURES, conform, ensure_tables, in_time_range,
+                                  qualified_name)
 
 BUCKETS = ("1", "2-4", "5-19", "20+")
 
@@ -41,7 +42,7 @@ def run(spark, cfg, start: datetime, end: datetime) -> list[tuple]:
         raise ValueError(f"empty interval: end {end} is not after start {start}")
     db = cfg.lake.database
     ensure_tables(spark, cfg, (REQUEST_FEATURES, COVERAGE_REPORT))
-    features = spark.table(qualified_name(REQUEST_FEATURES, db)).where((F.col("ts") >= F.lit(start)) & (F.col("ts") < F.lit(end)))
+    features = in_time_range(spark.table(qualified_name(REQUEST_FEATURES, db)), start, end)
     report_id = f"{start.isoformat()}..{end.isoformat()}"
     rows = conform(coverage(features).withColumn("report_id", F.lit(report_id))
                    .withColumn("interval_start", F.lit(start).cast("timestamp"))

@@ -20,7 +20,7 @@ from datetime import datetime, timedelta, timezone
 from pyspark.sql import functions as F
 
 from feature_store.tables import (MISS_QUEUE, PAIR_EMBEDDINGS, PRECOMPUTE_RUNS, REQUEST_LOG, USER_EVENTS,
-                                  VERIFIER_SCORES, conform, ensure_tables, qualified_name)
+                                  VERIFIER_SCORES, conform, ensure_tables, in_time_range, qualified_name)
 from spark_jobs import embed_pairs, speculate
 
 
@@ -81,7 +81,7 @@ def run(spark, cfg, t: datetime) -> RunCounters:
     name = {s.name: qualified_name(s, db) for s in (REQUEST_LOG, USER_EVENTS, PAIR_EMBEDDINGS, VERIFIER_SCORES,
                                                      MISS_QUEUE, PRECOMPUTE_RUNS)}
 
-    window = spark.table(name["request_log"]).where((F.col("ts") >= F.lit(params.start)) & (F.col("ts") < F.lit(t)))
+    window = in_time_range(spark.table(name["request_log"]), params.start, t)
     # Waiting misses, plus those this same run took in before (a rerun must see the same queue).
     queue = spark.table(name["miss_queue"]).where(
         (F.col("requested_at") < F.lit(t)) & (F.col("consumed_by_run").isNull() | (F.col("consumed_by_run") == run_id)))

@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from feature_store.tables import (MISS_QUEUE, REQUEST_FEATURES, REQUEST_LOG, conform, ensure_tables,
-                                  qualified_name)
+                                  in_time_range, qualified_name)
 
 
 def resolve(requests: DataFrame, publications: list[dict], tables_root: str, dim: int) -> DataFrame:
@@ -67,8 +67,7 @@ def run(spark, cfg, start: datetime, end: datetime, record_misses: bool = False,
     ensure_tables(spark, cfg, (REQUEST_LOG, REQUEST_FEATURES, MISS_QUEUE))
     dim = dim or code_dim(cfg)
     pubs = [p for p in published(spark, cfg) if p["interval_end"] < end]
-    requests = (spark.table(qualified_name(REQUEST_LOG, db))
-                .where((F.col("ts") >= F.lit(start)) & (F.col("ts") < F.lit(end)))
+    requests = (in_time_range(spark.table(qualified_name(REQUEST_LOG, db)), start, end)
                 .select("request_id", "item_id", "user_id", "ts", "label"))
     rows = conform(resolve(requests, pubs, str(cfg.lake.tables_path), dim).withColumn("date", F.to_date("ts")),
                    REQUEST_FEATURES).persist()

@@ -27,7 +27,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from feature_store.tables import (REQUEST_LOG, USER_EVENTS, USER_MEAN_EMBEDDINGS, USER_NEIGHBORS, conform,
-                                  ensure_tables, qualified_name)
+                                  ensure_tables, in_time_range, qualified_name)
 from spark_jobs import embed_pairs
 
 
@@ -68,10 +68,8 @@ def run(spark, cfg, t: datetime) -> dict:
     since = t - timedelta(hours=fb.representation_window_hours)
     lenders = (spark.table(qualified_name(USER_MEAN_EMBEDDINGS, db))
                .where((F.col("computed_at") <= F.lit(t)) & (F.col("expires_at") > F.lit(t))).select("user_id"))
-    active = (spark.table(qualified_name(REQUEST_LOG, db)).where((F.col("ts") >= F.lit(since)) & (F.col("ts") < F.lit(t)))
-              .select("user_id")
-              .unionByName(spark.table(qualified_name(USER_EVENTS, db))
-                           .where((F.col("ts") >= F.lit(since)) & (F.col("ts") < F.lit(t))).select("user_id"))
+    active = (in_time_range(spark.table(qualified_name(REQUEST_LOG, db)), since, t).select("user_id")
+              .unionByName(in_time_range(spark.table(qualified_name(USER_EVENTS, db)), since, t).select("user_id"))
               .unionByName(lenders).distinct())
     hist = embed_pairs.histories(spark.table(qualified_name(USER_EVENTS, db)), active, t, fm_len)
     device = str(pick_device(cfg.precompute.device))

@@ -1,0 +1,138 @@
+"""Redis as the online backend: a real redis-server on loopback, the publish step, and answers equal
+to the embedded store's for the same snapshot (the same rule), over HTTP too."""
+
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from datetime import timedelta
+
+import numpy as np
+import pytest
+
+from feature_store.client import LookupClient
+from feature_store.online import OnlineStore, latest_publication
+from feature_store.resolution import Snapshot
+from feature_store.serve import LookupServer
+from tests.test_serve import ITEMS, NOW, T, publish, write_version
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory):
+    exe = shutil.which("redis-server")
+    if exe is None:
+        if os.environ.get("SOLARIS_REQUIRE_REDIS"):
+            pytest.fail("redis-server is required here (SOLARIS_REQUIRE_REDIS) but not installed")
+        pytest.skip("redis-server not installed (Debian: apt-get install redis-server)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", str(tmp_path_factory.mktemp("redis"))], stdout=subprocess.DEVNULL)
+    import redis
+
+    client = redis.Redis(port=port)
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    yield f"redis://127.0.0.1:{port}/0"
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture
+def published(tmp_path, redis_url):
+    import redis
+
+    from feature_store.redis_store import publish as publish_redis
+
+    root = tmp_path / "tables"
+    write_version(root, seed=3)
+    publish(root, "2026-01-05T12:00:00")
+    pub = latest_publication(root)
+    snap = Snapshot.load(root, pub.versions, run_id=pub.run_id)
+    counts = publish_redis(snap, redis.Redis.from_url(redis_url), prefix="t")
+    return root, snap, counts
+
+
+USERS = ["u3", "u17", "u40", "v5", "v11", "nobody"]
+
+
+def test_redis_answers_equal_the_embedded_snapshot(published, redis_url):
+    from feature_store.redis_store import RedisStore
+
+    root, snap, counts = published
+    assert counts["pairs"] == snap.stats["pairs"] and counts["user_means"] == snap.stats["user_means"]
+    store = RedisStore(redis_url, prefix="t")
+    for user in USERS:
+        for now in (NOW, T + timedelta(hours=7), T - timedelta(minutes=1)):
+            emb, tiers, run_id = store.lookup(user, ITEMS, now)
+            want_emb, want_tiers = snap.lookup(user, ITEMS, now)
+            assert run_id == "2026-01-05T12:00:00"
+            np.testing.assert_array_equal(tiers, want_tiers)
+            np.testing.assert_allclose(emb, want_emb, rtol=1e-6, atol=1e-7)
+    _, tiers, _ = store.lookup("v5", ITEMS, NOW)
+    assert 2 in tiers  # the neighbor tier (code 2) is exercised, through the second round trip
+    store.stop()
+
+
+def test_a_new_publication_switches_the_pointer_and_expires_the_old_namespace(published, redis_url):
+    import redis
+
+    from feature_store.redis_store import RedisStore
+    from feature_store.redis_store import publish as publish_redis
+
+    root, _, _ = published
+    write_version(root, seed=4)
+    publish(root, "2026-01-05T13:00:00")
+    pub = latest_publication(root)
+    snap = Snapshot.load(root, pub.versions, run_id=pub.run_id)
+    r = redis.Redis.from_url(redis_url)
+    counts = publish_redis(snap, r, prefix="t", grace_seconds=60)
+    assert counts["old_keys_expiring"] > 0
+    assert r.get("t:current") == b"t:2026-01-05T13:00:00"
+    assert 0 < r.ttl(next(iter(r.scan_iter(match="t:2026-01-05T12:00:00:p:*")))) <= 60
+    store = RedisStore(redis_url, prefix="t", pointer_seconds=0)
+    emb, tiers, run_id = store.lookup("u3", ITEMS, NOW)
+    want_emb, want_tiers = snap.lookup("u3", ITEMS, NOW)
+    assert run_id == "2026-01-05T13:00:00"
+    np.testing.assert_array_equal(tiers, want_tiers)
+    np.testing.assert_allclose(emb, want_emb, rtol=1e-6)
+
+
+def test_the_http_service_on_the_redis_backend(published, redis_url):
+    from feature_store.redis_store import RedisStore
+
+    _, snap, _ = published
+    store = RedisStore(redis_url, prefix="t")
+    srv = LookupServer(store, "127.0.0.1", 0)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        with LookupClient(srv.url) as c:
+            emb, tiers, snapshot = c.lookup("u17", ITEMS, NOW)
+            want_emb, want_tiers = snap.lookup("u17", ITEMS, NOW)
+            assert snapshot == "2026-01-05T12:00:00"
+            assert tiers == [("exact", "user_mean", "neighbor", "none")[t] for t in want_tiers]
+            np.testing.assert_allclose(emb, want_emb, rtol=1e-6)
+            status, ready = c.get_json("/readyz")
+            assert status == 200 and ready["ready"]
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        store.stop()
+
+
+def test_nothing_published_to_redis_serves_none_and_is_not_ready(redis_url):
+    from feature_store.redis_store import RedisStore
+
+    store = RedisStore(redis_url, prefix="empty")
+    emb, tiers, run_id = store.lookup("u1", ["i1"], NOW)
+    assert list(tiers) == [3] and not emb.any() and run_id is None
+    assert not store.status()["ready"]
+    store.stop()
