@@ -7,11 +7,12 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test sql spark-sql bench-ingest clean help
+.PHONY: install demo test serve sql spark-sql bench-ingest clean help
 
 help:
 	@echo "make demo    - install, then run the main job on a synthetic log (local Spark, Delta lake in ./lake)"
 	@echo "make test    - install, then run the whole test suite"
+	@echo "make serve               - the online lookup service on 127.0.0.1:8765 over ./lake"
 	@echo "make sql Q='SELECT ...'  - run SQL over the feature tables"
 	@echo "make spark-sql           - interactive spark-sql on the same catalog"
 	@echo "make bench-ingest        - ingestion benchmark on the real logs in ../shared/datasets"
@@ -34,11 +35,17 @@ demo: install
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+serve: install
+	$(PY) -m feature_store.serve $(ARGS)
+
 sql: install
 	@test -n "$(Q)" || { echo "usage: make sql Q='SELECT count(*) FROM solaris.request_log'" >&2; exit 2; }
 	$(PY) -m include.sql "$(Q)"
 
-spark-sql: install
+spark-serve: install
+	$(PY) -m feature_store.serve $(ARGS)
+
+sql: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" spark-sql --properties-file "$$($(PY) -m include.spark)"
 
 bench-ingest: install

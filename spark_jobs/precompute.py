@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timedelta, timezone
 
 from pyspark.sql import functions as F
@@ -40,11 +40,16 @@ class RunCounters:
     vm_version: str
     fm_version: str
     seconds: float
+    stage_seconds: tuple[tuple[str, float], ...] = ()  # printed, not stored: where the time went
 
     def lines(self) -> list[str]:
         return [f"precompute run {self.run_id} (window {self.interval_start} .. {self.interval_end}) in {self.seconds:.1f} s",
                 *(f"  {k:<18} {v:>12,}" for k, v in asdict(self).items() if isinstance(v, int)),
-                f"  verifier {self.vm_version}; embeddings by {self.fm_version}"]
+                f"  verifier {self.vm_version}; embeddings by {self.fm_version}",
+                "  seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in self.stage_seconds)]
+
+    def row(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if k != "stage_seconds"}
 
 
 def parse_time(s: str) -> datetime:
@@ -70,6 +75,14 @@ def run(spark, cfg, t: datetime) -> RunCounters:
     from model.autoencoder import AEConfig, EmbeddingAutoencoder
 
     started = time.perf_counter()
+    stages: list[tuple[str, float]] = []
+    mark = [started]
+
+    def lap(name: str) -> None:
+        now = time.perf_counter()
+        stages.append((name, now - mark[0]))
+        mark[0] = now
+
     pc, db = cfg.precompute, cfg.lake.database
     params = speculate.SpeculateParams(t, pc.lookback_hours, pc.recent_items_per_user, pc.trending_items,
                                        pc.budget, pc.selection, pc.fresh_margin_minutes)
@@ -77,7 +90,9 @@ def run(spark, cfg, t: datetime) -> RunCounters:
     ae = registry.load(models["autoencoder"], EmbeddingAutoencoder, AEConfig)  # and here if it does not match
     fm_version = f"fm/{models['fm'].rsplit('/', 1)[-1]}+autoencoder/{models['autoencoder'].rsplit('/', 1)[-1]}"
     run_id = t.isoformat(timespec="seconds")
-    ensure_tables(spark, cfg)
+    specs = (REQUEST_LOG, USER_EVENTS, PAIR_EMBEDDINGS, VERIFIER_SCORES, MISS_QUEUE, PRECOMPUTE_RUNS)
+    ensure_tables(spark, cfg, specs)
+    lap("setup")
     name = {s.name: qualified_name(s, db) for s in (REQUEST_LOG, USER_EVENTS, PAIR_EMBEDDINGS, VERIFIER_SCORES,
                                                      MISS_QUEUE, PRECOMPUTE_RUNS)}
 
@@ -100,6 +115,7 @@ def run(spark, cfg, t: datetime) -> RunCounters:
             .save(str(cfg.lake.table_path(VERIFIER_SCORES.name)))
     finally:
         scored.unpersist()
+    lap("speculate+verify")
 
     audit = spark.table(name["verifier_scores"]).where(F.col("run_id") == run_id)
     selected = audit.where("selected").select("user_id", "item_id", "device", "surface")
@@ -118,6 +134,7 @@ def run(spark, cfg, t: datetime) -> RunCounters:
         embed_pairs.merge(spark, rows, name["pair_embeddings"])
     finally:
         rows.unpersist()
+    lap("embed+merge")
 
     from delta.tables import DeltaTable
 
@@ -127,7 +144,9 @@ def run(spark, cfg, t: datetime) -> RunCounters:
                                    f"AND q.requested_at < '{t}' AND q.consumed_by_run IS NULL")
      .whenMatchedUpdate(set={"consumed_by_run": F.lit(run_id)}).execute())
 
+    lap("miss queue")
     expired = expire(spark, cfg, t)
+    lap("expire+vacuum")
     counts = audit.agg(F.count(F.lit(1)).alias("scored"), F.sum(F.col("selected").cast("int")).alias("selected"),
                        F.sum(((~F.col("selected")) & F.col("fresh_until").isNotNull()
                               & (F.col("fresh_until") > F.lit(t + timedelta(minutes=pc.fresh_margin_minutes)))
@@ -140,10 +159,11 @@ def run(spark, cfg, t: datetime) -> RunCounters:
                            pairs_embedded=n_embedded, expired_removed=expired, queue_in=counts.queue_in or 0,
                            queue_waiting=waiting, vm_version=f"vm/{models['vm'].rsplit('/', 1)[-1]}",
                            fm_version=fm_version, seconds=round(time.perf_counter() - started, 2))
-    row = conform(spark.createDataFrame([asdict(counters)], PRECOMPUTE_RUNS.schema()), PRECOMPUTE_RUNS)
+    row = conform(spark.createDataFrame([counters.row()], PRECOMPUTE_RUNS.schema()), PRECOMPUTE_RUNS)
     (DeltaTable.forName(spark, name["precompute_runs"]).alias("t").merge(row.alias("s"), "t.run_id = s.run_id")
      .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())
-    return counters
+    lap("counters")
+    return replace(counters, stage_seconds=tuple(stages))
 
 
 def expire(spark, cfg, t: datetime) -> int:

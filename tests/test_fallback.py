@@ -187,3 +187,35 @@ def test_resolution_rejects_an_empty_interval(spark, lake):
     cfg, _ = lake
     with pytest.raises(ValueError, match="empty interval"):
         resolve_features.run(spark, cfg, T, T)
+
+
+def test_the_http_lookup_serves_what_the_batch_job_logged(spark, lake):
+    """The equivalence of the two readers through the real service: requests served by the newest
+    snapshot, replayed against the HTTP lookup at their own timestamps, get the logged tiers and
+    embeddings exactly."""
+    import threading
+
+    from feature_store.client import LookupClient
+    from feature_store.online import OnlineStore
+    from feature_store.serve import LookupServer
+
+    cfg, _ = lake
+    start, end = T + timedelta(hours=1), T + timedelta(hours=2)
+    resolve_features.run(spark, cfg, start, end)
+    newest = max(publish.published(spark, cfg), key=lambda p: p["interval_end"])["run_id"]
+    feats = (tbl(spark, cfg, "request_features").where((F.col("ts") >= F.lit(start)) & (F.col("ts") < F.lit(end)))
+             .where(F.col("snapshot_run_id") == newest).toPandas())
+    assert len(feats)
+    store = OnlineStore(cfg.lake.tables_path, poll_seconds=60, record_misses=False).start()
+    srv = LookupServer(store, "127.0.0.1", 0)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        with LookupClient(srv.url) as c:
+            for (user, ts), r in feats.groupby(["user_id", "ts"]):
+                emb, tiers, snapshot = c.lookup(user, list(r["item_id"]), ts.to_pydatetime().replace(tzinfo=None))
+                assert snapshot == newest and tiers == list(r["tier"])
+                np.testing.assert_array_equal(emb, np.stack(r["embedding"].to_numpy()).astype(np.float32))
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        store.stop()
