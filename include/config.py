@@ -90,7 +90,8 @@ class PrecomputeConfig:
     selection: str = "global"  # "global": top budget share of all pairs; "per_user": of each user's
     ttl_hours: float = 6.0  # expires_at = computed_at + TTL
     fresh_margin_minutes: int = 60  # a stored embedding fresh past t + margin is not recomputed
-    vacuum_retention_hours: int = 168  # Delta VACUUM keeps files this long (time travel, readers)
+    vacuum_retention_hours: int = 168  # Delta VACUUM keeps files this long: as-of resolution time-travels
+    vacuum_every_hours: int = 24  # VACUUM at interval ends that are a multiple of this many UTC hours; 0 never
     models_root: str = ""  # default: <lake root>/models
     vm_version: str = "latest"  # verifier: a registry version, "latest" or "promoted"
     fm_version: str = "latest"

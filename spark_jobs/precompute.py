@@ -167,13 +167,19 @@ def run(spark, cfg, t: datetime) -> RunCounters:
 
 
 def expire(spark, cfg, t: datetime) -> int:
-    """Delete rows expired at t and vacuum old files. Readers filter on expires_at regardless."""
+    """Delete rows expired at t and, every ``vacuum_every_hours``, vacuum old files. Readers filter
+    on expires_at regardless of cleanup."""
     from delta.tables import DeltaTable
 
     table = DeltaTable.forName(spark, qualified_name(PAIR_EMBEDDINGS, cfg.lake.database))
     n = table.toDF().where(F.col("expires_at") <= F.lit(t)).count()
     if n:
         table.delete(F.col("expires_at") <= F.lit(t))
+    every = cfg.precompute.vacuum_every_hours
+    # VACUUM lists every file of the table: the most expensive step of a run, and needed far less
+    # often than hourly. Whether it runs follows from t, not the clock, so reruns do the same.
+    if every <= 0 or ((t - datetime(1970, 1, 1)) // timedelta(hours=1)) % every:
+        return n
     hours = cfg.precompute.vacuum_retention_hours
     if hours < 168:  # Delta refuses short retention unless told the readers can take it
         spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")

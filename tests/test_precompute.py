@@ -290,3 +290,21 @@ def test_backfill_through_spark_submit_to_a_standalone_cluster(lake, tmp_path):
         for proc in procs:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=60)
+
+
+def test_vacuum_runs_on_its_cadence_and_removes_unreferenced_files(spark, make_cfg):
+    from feature_store.tables import PAIR_EMBEDDINGS, ensure_tables
+
+    cfg = make_cfg("vacuum", precompute={"vacuum_retention_hours": 0, "vacuum_every_hours": 6})
+    ensure_tables(spark, cfg, (PAIR_EMBEDDINGS,))
+    table = f"{cfg.lake.database}.pair_embeddings"
+    for k in range(3):  # three versions: the first two overwritten, their files unreferenced
+        spark.createDataFrame([("u", "i", [float(k)], "m", T, T + timedelta(hours=6), "r")], PAIR_EMBEDDINGS.schema()) \
+            .write.format("delta").mode("overwrite").saveAsTable(table)
+    files = lambda: len(list(cfg.lake.table_path("pair_embeddings").glob("*.parquet")))  # noqa: E731
+    before = files()
+    precompute.expire(spark, cfg, datetime(2026, 1, 5, 7))  # 7 is not a multiple of 6: no vacuum
+    assert files() == before >= 3
+    precompute.expire(spark, cfg, datetime(2026, 1, 5, 6))
+    assert files() == 1
+    assert [r.embedding for r in tbl(spark, cfg, "pair_embeddings").collect()] == [[2.0]]
