@@ -7,12 +7,13 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test serve sql spark-sql bench-ingest clean help
+.PHONY: install demo test serve airflow sql spark-sql bench-ingest clean help
 
 help:
 	@echo "make demo    - install, then run the main job on a synthetic log (local Spark, Delta lake in ./lake)"
 	@echo "make test    - install, then run the whole test suite"
 	@echo "make serve               - the online lookup service on 127.0.0.1:8765 over ./lake"
+	@echo "make airflow             - Airflow standalone (SQLite) with the SOLARIS DAGs on http://127.0.0.1:8080"
 	@echo "make sql Q='SELECT ...'  - run SQL over the feature tables"
 	@echo "make spark-sql           - interactive spark-sql on the same catalog"
 	@echo "make bench-ingest        - ingestion benchmark on the real logs in ../shared/datasets"
@@ -38,12 +39,36 @@ test: install
 serve: install
 	$(PY) -m feature_store.serve $(ARGS)
 
+# Airflow's embedded default: SQLite metadata under ./airflow, this project's DAGs, Spark jobs on
+# local Spark through the solaris_spark connection. The login is printed by `airflow standalone`
+# (and kept in airflow/simple_auth_manager_passwords.json.generated). DAGs start paused.
+AIRFLOW_ENV = AIRFLOW_HOME="$(abspath airflow)" AIRFLOW__CORE__DAGS_FOLDER="$(abspath dags)" \
+	AIRFLOW__CORE__LOAD_EXAMPLES=False AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION=True \
+	AIRFLOW__API__HOST=127.0.0.1 AIRFLOW__API__PORT=8080 \
+	AIRFLOW_CONN_SOLARIS_SPARK='{"conn_type": "spark", "host": "local[*]"}' \
+	PATH="$(abspath $(VENV))/bin:$$PATH"
+
+airflow: install
+	$(AIRFLOW_ENV) $(VENV)/bin/airflow standalone
+
 sql: install
 	@test -n "$(Q)" || { echo "usage: make sql Q='SELECT count(*) FROM solaris.request_log'" >&2; exit 2; }
 	$(PY) -m include.sql "$(Q)"
 
 spark-serve: install
 	$(PY) -m feature_store.serve $(ARGS)
+
+# Airflow's embedded default: SQLite metadata under ./airflow, this project's DAGs, Spark jobs on
+# local Spark through the solaris_spark connection. The login is printed by `airflow standalone`
+# (and kept in airflow/simple_auth_manager_passwords.json.generated). DAGs start paused.
+AIRFLOW_ENV = AIRFLOW_HOME="$(abspath airflow)" AIRFLOW__CORE__DAGS_FOLDER="$(abspath dags)" \
+	AIRFLOW__CORE__LOAD_EXAMPLES=False AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION=True \
+	AIRFLOW__API__HOST=127.0.0.1 AIRFLOW__API__PORT=8080 \
+	AIRFLOW_CONN_SOLARIS_SPARK='{"conn_type": "spark", "host": "local[*]"}' \
+	PATH="$(abspath $(VENV))/bin:$$PATH"
+
+airflow: install
+	$(AIRFLOW_ENV) $(VENV)/bin/airflow standalone
 
 sql: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" spark-sql --properties-file "$$($(PY) -m include.spark)"
@@ -52,4 +77,4 @@ bench-ingest: install
 	$(PY) benchmarks/bench_ingest.py
 
 clean:
-	rm -rf lake data benchmarks/out .pytest_cache
+	rm -rf lake data benchmarks/out .pytest_cache airflow

@@ -94,3 +94,46 @@ def request_log_checks(df: DataFrame, cfg) -> dict[str, tuple[DataFrame, list]]:
 
 def validate_request_log(df: DataFrame, cfg, run_name: str) -> str:
     return validate("request_log", request_log_checks(df, cfg), cfg.lake.quality_path / "request_log", run_name)
+
+
+def feature_table_checks(spark, cfg, t, dim: int) -> dict[str, tuple[DataFrame, list]]:
+    """The serving tables as the run at t left them: embeddings of ``dim`` finite floats, expiry
+    after computation, sane neighbor rows, and coverage of the past hour above the configured floor."""
+    from datetime import timedelta
+
+    import great_expectations.expectations as gxe
+
+    db, run_id = cfg.lake.database, t.isoformat(timespec="seconds")
+
+    def embedding_rows(name: str) -> DataFrame:
+        return (spark.table(f"{db}.{name}").where(F.col("run_id") == run_id)
+                .select(F.size("embedding").alias("dim"),
+                        F.exists("embedding", lambda x: F.isnan(x) | (F.abs(x) == float("inf"))).alias("non_finite"),
+                        (F.col("expires_at").cast("long") - F.col("computed_at").cast("long")).alias("ttl_seconds")))
+
+    def embedding_checks() -> list:
+        return [gxe.ExpectColumnValuesToBeBetween(column="dim", min_value=dim, max_value=dim),
+                gxe.ExpectColumnValuesToBeInSet(column="non_finite", value_set=[False]),
+                gxe.ExpectColumnValuesToBeBetween(column="ttl_seconds", min_value=1)]
+
+    neighbors = (spark.table(f"{db}.user_neighbors").where(F.col("run_id") == run_id)
+                 .select("rank", "similarity", (F.col("user_id") == F.col("neighbor_id")).alias("is_self")))
+    start = t - timedelta(hours=1)
+    features = spark.table(f"{db}.request_features").where((F.col("ts") >= F.lit(start)) & (F.col("ts") < F.lit(t)))
+    coverage = features.agg(F.coalesce(F.avg((F.col("tier") != "none").cast("double")), F.lit(1.0)).alias("covered"))
+    q = cfg.quality
+    return {
+        "pair_embeddings": (embedding_rows("pair_embeddings"), embedding_checks()),
+        "user_mean_embeddings": (embedding_rows("user_mean_embeddings"), embedding_checks()),
+        "user_neighbors": (neighbors, [gxe.ExpectColumnValuesToBeBetween(column="rank", min_value=1),
+                                       gxe.ExpectColumnValuesToBeBetween(column="similarity", min_value=-1.001,
+                                                                         max_value=1.001),
+                                       gxe.ExpectColumnValuesToBeInSet(column="is_self", value_set=[False])]),
+        "coverage": (coverage, [gxe.ExpectColumnValuesToBeBetween(column="covered", min_value=q.min_coverage,
+                                                                  max_value=1.0)]),
+    }
+
+
+def validate_feature_tables(spark, cfg, t, dim: int) -> str:
+    return validate("feature_tables", feature_table_checks(spark, cfg, t, dim), cfg.lake.quality_path / "feature_tables",
+                    t.isoformat(timespec="seconds").replace(":", ""))

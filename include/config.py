@@ -77,6 +77,7 @@ class QualityConfig:
     min_ts: str = "2000-01-01T00:00:00"  # UTC; rows outside [min_ts, max_ts) are quarantined
     max_ts: str = "2100-01-01T00:00:00"
     max_candidates_per_request: int = 500
+    min_coverage: float = 0.0  # feature check: share of the past hour's candidates served a non-zero tier
 
 
 @dataclass(frozen=True)

@@ -42,8 +42,16 @@ class Vocab:
     def size(self, name: str) -> int:
         return len(self.values[name]) + 2
 
+    def _index(self, name: str) -> pd.Index:
+        # Built once per feature: a 300k-id Index costs milliseconds, paid per call it would
+        # dominate inference that encodes small batches.
+        cache = self.__dict__.setdefault("_indexes", {})
+        if name not in cache:
+            cache[name] = pd.Index(self.values[name])
+        return cache[name]
+
     def encode(self, name: str, raw) -> np.ndarray:
-        idx = pd.Index(self.values[name]).get_indexer(pd.Series(raw, dtype="object").astype(str))
+        idx = self._index(name).get_indexer(pd.Series(raw, dtype="object").astype(str))
         codes = np.where(idx >= 0, idx + 2, OOV).astype(np.int64)
         return np.where(pd.isna(pd.Series(raw, dtype="object")).to_numpy(), PAD, codes)
 

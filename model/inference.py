@@ -44,12 +44,16 @@ def _context(pdf: pd.DataFrame, vocab: Vocab) -> dict[str, np.ndarray]:
 
 
 def _history(histories, vocab: Vocab, length: int) -> np.ndarray:
-    """(N, L) item codes, oldest first, left-padded; the last ``length`` of each history."""
-    hist = np.full((len(histories), length), PAD, dtype=np.int64)
-    for i, h in enumerate(histories):
-        if h is not None and len(h):
-            codes = vocab.encode("item", list(h)[-length:])
-            hist[i, length - len(codes):] = codes
+    """(N, L) item codes, oldest first, left-padded; the last ``length`` of each history.
+    All histories are encoded in one vocabulary lookup, not one per row."""
+    tails = [list(h)[-length:] if h is not None and len(h) else [] for h in histories]
+    sizes = np.fromiter((len(t) for t in tails), np.int64, len(tails))
+    hist = np.full((len(tails), length), PAD, dtype=np.int64)
+    if sizes.sum():
+        codes = vocab.encode("item", [x for t in tails for x in t])
+        rows = np.repeat(np.arange(len(tails)), sizes)
+        cols = length - np.repeat(sizes, sizes) + (np.arange(sizes.sum()) - np.repeat(np.cumsum(sizes) - sizes, sizes))
+        hist[rows, cols] = codes
     return hist
 
 

@@ -1,0 +1,62 @@
+"""
+### solaris_train (daily)
+
+Retrains the FM, the autoencoder and the VM variants on what the lake holds
+(`model.evaluate.run`: time-ordered 70/15/15 split, on the GPU when there is one), writes the
+evaluation report beside the lake, then **gates** each new version (`model/promotion.py`): it is
+promoted only if it is not worse than the promoted version on its held-out split (lower NE; lower
+reconstruction MSE for the autoencoder; `tolerance` param, default 0). Every decision is logged
+with both numbers. Precompute runs promoted models when its config says `"promoted"`.
+"""
+
+from __future__ import annotations
+
+import pendulum
+from airflow.sdk import CronDataIntervalTimetable, Param, dag, task
+
+from include.orchestration import DEFAULT_ARGS
+
+
+@task
+def train(quick: bool) -> dict:
+    from pathlib import Path
+
+    from include.config import load_config
+    from model import evaluate
+
+    cfg = load_config()
+    result = evaluate.run(cfg, None, evaluate.QUICK if quick else evaluate.EvalConfig())
+    evaluate.write_report(result, cfg.lake.root_path / "reports")
+    print(evaluate.to_markdown(result))
+    return {k: str(Path(v)) for k, v in result["models"].items()}
+
+
+@task
+def promote(saved: dict, tolerance: float) -> list[dict]:
+    from include.config import load_config
+    from model.promotion import gate
+
+    decisions = gate(load_config().models_root, saved, tolerance)
+    for d in decisions:
+        print(f"{d['model']} {d['version']}: {'PROMOTED' if d['promoted'] else 'kept ' + str(d['previous'])} - {d['reason']}")
+    return decisions
+
+
+@dag(
+    dag_id="solaris_train",
+    schedule=CronDataIntervalTimetable("0 3 * * *", timezone="UTC"),
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,  # versions are numbered in order; two trainings at once would interleave
+    default_args=DEFAULT_ARGS,
+    tags=["solaris", "training", "daily"],
+    doc_md=__doc__,
+    render_template_as_native_obj=True,  # params reach the tasks as bool and float, not strings
+    params={"quick": Param(False, type="boolean", description="tiny models (smoke runs)"),
+            "tolerance": Param(0.0, type="number", description="promote if at most this much worse")},
+)
+def solaris_train():
+    promote(train("{{ params.quick }}"), "{{ params.tolerance }}")
+
+
+solaris_train()

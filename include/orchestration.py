@@ -1,0 +1,79 @@
+"""What the DAG files share: the project's paths, default task arguments, and one factory for a
+SparkSubmitOperator that runs a ``spark_jobs/`` entry point with the run's interval as templated
+arguments. Only light imports at module top: the scheduler parses DAG files constantly.
+
+The Spark connection (``solaris_spark`` unless ``SOLARIS_SPARK_CONN_ID`` says otherwise) sets
+the master: ``local[*]`` on the embedded default, ``spark://host:7077`` (or yarn, k8s) on a
+cluster. Everything else Spark needs comes from the properties file the ``spark_properties``
+task writes from the SOLARIS config (include/spark.py).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SPARK_CONN_ID = os.environ.get("SOLARIS_SPARK_CONN_ID", "solaris_spark")
+# The interval of the run, as the jobs take it (ISO, UTC): [START, END); END is the run's time t.
+START = "{{ data_interval_start.isoformat() }}"
+END = "{{ data_interval_end.isoformat() }}"
+
+DEFAULT_ARGS = {
+    "owner": "solaris",
+    "retries": 2,
+    "retry_delay": timedelta(minutes=2),
+    "execution_timeout": timedelta(hours=2),
+}
+
+
+def properties_file() -> str:
+    """Where the ``spark_properties`` task writes the Spark settings (beside the lake)."""
+    from include.config import load_config
+
+    return str(load_config().lake.root_path / "spark-solaris.conf")
+
+
+def write_spark_properties() -> str:
+    """Task body: write the properties file from the current config; returns its path."""
+    from include.config import load_config
+    from include.spark import write_properties
+
+    return str(write_properties(load_config(), Path(properties_file())))
+
+
+def spark_job(task_id: str, job: str, *args: str, **kwargs):
+    """A SparkSubmitOperator running ``spark_jobs/<job>.py args`` through the Spark connection."""
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+    return SparkSubmitOperator(
+        task_id=task_id,
+        application=str(ROOT / "spark_jobs" / f"{job}.py"),
+        application_args=list(args),
+        conn_id=SPARK_CONN_ID,
+        properties_file=properties_file(),
+        spark_binary=str(Path(sys.executable).with_name("spark-submit")),
+        name=f"solaris-{task_id}",
+        **kwargs,
+    )
+
+
+def publish_to_redis() -> str:
+    """Task body: copy the newest snapshot to Redis when ``SOLARIS_REDIS_URL`` is set; else say so."""
+    url = os.environ.get("SOLARIS_REDIS_URL")
+    if not url:
+        return "SOLARIS_REDIS_URL is not set: the embedded lookup serves the lake directly"
+    import redis
+
+    from feature_store.online import latest_publication
+    from feature_store.redis_store import publish
+    from feature_store.resolution import Snapshot
+    from include.config import load_config
+
+    tables = load_config().lake.tables_path
+    pub = latest_publication(tables)
+    if pub is None:
+        raise RuntimeError(f"nothing published under {tables}")
+    return str(publish(Snapshot.load(tables, pub.versions, run_id=pub.run_id), redis.Redis.from_url(url)))

@@ -1,0 +1,57 @@
+"""Data-quality gates for the hourly DAG, with great-expectations (feature_store/quality.py).
+
+    python -m spark_jobs.validate requests --start 2026-01-05T11:00:00 --end 2026-01-05T12:00:00
+    python -m spark_jobs.validate features --end 2026-01-05T12:00:00
+
+``requests``: the request_log rows of [start, end) (keys, labels, time range, candidates per
+request, uniqueness). ``features``: what the run at ``end`` wrote (embedding size, no NaN,
+expires_at after computed_at, neighbor rows) and the past hour's coverage against
+``[quality] min_coverage``. A failure exits non-zero naming each failed expectation with its counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="validate", description=__doc__.split("\n\n")[0])
+    p.add_argument("what", choices=["requests", "features"])
+    p.add_argument("--start", help="requests: first request time (UTC, ISO)")
+    p.add_argument("--end", required=True, help="requests: end of the interval; features: the run's time t")
+    p.add_argument("--config", help="SOLARIS TOML config")
+    a = p.parse_args(sys.argv[1:] if argv is None else argv)
+
+    from feature_store import quality
+    from feature_store.tables import REQUEST_LOG, ensure_tables, in_time_range, qualified_name
+    from include.config import load_config
+    from include.spark import get_spark
+    from spark_jobs.precompute import parse_time
+
+    cfg = load_config(a.config)
+    spark = get_spark(cfg)
+    end = parse_time(a.end)
+    try:
+        if a.what == "requests":
+            if not a.start:
+                p.error("requests needs --start")
+            start = parse_time(a.start)
+            ensure_tables(spark, cfg, (REQUEST_LOG,))
+            rows = in_time_range(spark.table(qualified_name(REQUEST_LOG, cfg.lake.database)), start, end)
+            report = quality.validate_request_log(rows, cfg, f"{start:%Y%m%dT%H%M%S}-{end:%Y%m%dT%H%M%S}")
+        else:
+            from feature_store.tables import ALL_TABLES
+            from spark_jobs.user_means import code_dim
+
+            ensure_tables(spark, cfg, ALL_TABLES)
+            report = quality.validate_feature_tables(spark, cfg, end, code_dim(cfg))
+    except quality.DataQualityError as e:
+        print(e, file=sys.stderr)
+        return 1
+    print(f"{a.what} passed; report {report}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
