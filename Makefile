@@ -55,22 +55,7 @@ sql: install
 	@test -n "$(Q)" || { echo "usage: make sql Q='SELECT count(*) FROM solaris.request_log'" >&2; exit 2; }
 	$(PY) -m include.sql "$(Q)"
 
-spark-serve: install
-	$(PY) -m feature_store.serve $(ARGS)
-
-# Airflow's embedded default: SQLite metadata under ./airflow, this project's DAGs, Spark jobs on
-# local Spark through the solaris_spark connection. The login is printed by `airflow standalone`
-# (and kept in airflow/simple_auth_manager_passwords.json.generated). DAGs start paused.
-AIRFLOW_ENV = AIRFLOW_HOME="$(abspath airflow)" AIRFLOW__CORE__DAGS_FOLDER="$(abspath dags)" \
-	AIRFLOW__CORE__LOAD_EXAMPLES=False AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION=True \
-	AIRFLOW__API__HOST=127.0.0.1 AIRFLOW__API__PORT=8080 \
-	AIRFLOW_CONN_SOLARIS_SPARK='{"conn_type": "spark", "host": "local[*]"}' \
-	PATH="$(abspath $(VENV))/bin:$$PATH"
-
-airflow: install
-	$(AIRFLOW_ENV) $(VENV)/bin/airflow standalone
-
-sql: install
+spark-sql: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" spark-sql --properties-file "$$($(PY) -m include.spark)"
 
 bench-ingest: install
