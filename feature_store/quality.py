@@ -16,6 +16,16 @@ from pyspark.sql import functions as F
 log = logging.getLogger(__name__)
 
 
+def non_finite(col: str = "embedding"):
+    """Column: the array holds a NaN or an infinity."""
+    return F.exists(col, lambda x: F.isnan(x) | (F.abs(x) == float("inf")))
+
+
+def valid_embedding(dim: int, col: str = "embedding"):
+    """Column: the array is exactly ``dim`` finite floats, what every embedding table must hold."""
+    return (F.size(col) == dim) & ~non_finite(col)
+
+
 class DataQualityError(RuntimeError):
     """A dataset failed one or more expectations; the message names them and their counts."""
 
@@ -108,7 +118,7 @@ def feature_table_checks(spark, cfg, t, dim: int) -> dict[str, tuple[DataFrame, 
     def embedding_rows(name: str) -> DataFrame:
         return (spark.table(f"{db}.{name}").where(F.col("run_id") == run_id)
                 .select(F.size("embedding").alias("dim"),
-                        F.exists("embedding", lambda x: F.isnan(x) | (F.abs(x) == float("inf"))).alias("non_finite"),
+                        non_finite().alias("non_finite"),
                         (F.col("expires_at").cast("long") - F.col("computed_at").cast("long")).alias("ttl_seconds")))
 
     def embedding_checks() -> list:

@@ -81,7 +81,7 @@ def parse_request(body: bytes, max_items: int) -> tuple[str, list[str], datetime
     now = req.get("now")
     if now is not None:
         try:
-            from spark_jobs.precompute import parse_time
+            from include.cli import parse_time
 
             now = parse_time(now)
         except ValueError as e:

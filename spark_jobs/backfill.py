@@ -42,12 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", help="SOLARIS TOML config")
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
 
+    from include.cli import parse_time
     from include.config import load_config
     from include.spark import get_spark
-    from spark_jobs import precompute
 
     stages = tuple(s.strip() for s in a.stages.split(",") if s.strip())
-    ends = interval_ends(precompute.parse_time(a.start), precompute.parse_time(a.end), a.step_hours)
+    ends = interval_ends(parse_time(a.start), parse_time(a.end), a.step_hours)
     cfg = load_config(a.config)
     spark = get_spark(cfg)
     for i, t in enumerate(ends, 1):

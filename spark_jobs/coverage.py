@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from include.config import load_config
     from include.spark import get_spark
-    from spark_jobs.precompute import parse_time
+    from include.cli import parse_time
 
     cfg = load_config(a.config)
     print(table(run(get_spark(cfg), cfg, parse_time(a.start), parse_time(a.end))))

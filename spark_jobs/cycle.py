@@ -31,7 +31,7 @@ def run(spark, cfg, t: datetime, step_hours: float = 1.0, stages: tuple[str, ...
     if "precompute" in stages:
         c = precompute.run(spark, cfg, t)
         log("\n".join(c.lines()))
-        out["precompute"] = {k: v for k, v in c.__dict__.items()}
+        out["precompute"] = c.row()
     if "user_means" in stages:
         out["user_means"] = user_means.run(spark, cfg, t)
     if "user_neighbors" in stages:

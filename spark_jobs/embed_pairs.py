@@ -40,8 +40,9 @@ def embed(selected: DataFrame, fm_path: str, ae_path: str, t: datetime, device: 
 
 def check_embeddings(df: DataFrame, dim: int) -> None:
     """Raise before anything is written if an embedding has the wrong size or a NaN/inf value."""
-    bad = df.where((F.size("embedding") != dim)
-                   | F.exists("embedding", lambda x: F.isnan(x) | (F.abs(x) == float("inf")))).limit(5).collect()
+    from feature_store.quality import valid_embedding
+
+    bad = df.where(~valid_embedding(dim)).limit(5).collect()
     if bad:
         sizes = sorted({len(r.embedding) for r in bad})
         raise ValueError(f"rejected before MERGE: embeddings with wrong dimension or NaN/inf "

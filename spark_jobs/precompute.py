@@ -11,16 +11,16 @@ leaves every table at its previous version or its new one, never half-written.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 
 from pyspark.sql import functions as F
 
 from feature_store.tables import (MISS_QUEUE, PAIR_EMBEDDINGS, PRECOMPUTE_RUNS, REQUEST_LOG, USER_EVENTS,
                                   VERIFIER_SCORES, conform, ensure_tables, in_time_range, qualified_name)
+from include.cli import run_at_end
 from spark_jobs import embed_pairs, speculate
 
 
@@ -52,14 +52,6 @@ class RunCounters:
         return {k: v for k, v in asdict(self).items() if k != "stage_seconds"}
 
 
-def parse_time(s: str) -> datetime:
-    try:
-        t = datetime.fromisoformat(s)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"not an ISO time: {s!r} (expected e.g. 2026-01-05T12:00:00, UTC)") from e
-    return t.astimezone(timezone.utc).replace(tzinfo=None) if t.tzinfo else t  # naive = UTC throughout
-
-
 def resolve_models(cfg) -> dict[str, str]:
     from model import registry
 
@@ -68,6 +60,13 @@ def resolve_models(cfg) -> dict[str, str]:
     return {"vm": str(registry.resolve(root, "vm", pc.vm_version)),
             "fm": str(registry.resolve(root, "fm", pc.fm_version)),
             "autoencoder": str(registry.resolve(root, "autoencoder", pc.ae_version))}
+
+
+def code_dim(cfg) -> int:
+    """The stored embedding size: the configured autoencoder's code size."""
+    from model import registry
+
+    return int(registry.read_json(resolve_models(cfg)["autoencoder"], "config.json")["config"]["code_dim"])
 
 
 def run(spark, cfg, t: datetime) -> RunCounters:
@@ -193,19 +192,7 @@ def expire(spark, cfg, t: datetime) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="precompute", description=__doc__.split("\n\n")[0])
-    p.add_argument("--end", required=True, help="the run's time t (UTC, ISO), e.g. 2026-01-05T12:00:00")
-    p.add_argument("--config", help="SOLARIS TOML config")
-    a = p.parse_args(sys.argv[1:] if argv is None else argv)
-
-    from include.config import load_config
-    from include.spark import get_spark
-
-    t = parse_time(a.end)
-    cfg = load_config(a.config)
-    counters = run(get_spark(cfg), cfg, t)
-    print("\n".join(counters.lines()))
-    return 0
+    return run_at_end(argv, "precompute", __doc__.split("\n\n")[0], run, lambda c: print("\n".join(c.lines())))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ would have been served can be recomputed later, exactly.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from datetime import datetime, timezone
 
@@ -17,6 +16,7 @@ from pyspark.sql import functions as F
 
 from feature_store.tables import (FEATURE_VERSIONS, PAIR_EMBEDDINGS, USER_MEAN_EMBEDDINGS, USER_NEIGHBORS, conform,
                                   ensure_tables, qualified_name)
+from include.cli import print_counters, run_at_end
 
 SERVING_TABLES = (PAIR_EMBEDDINGS, USER_MEAN_EMBEDDINGS, USER_NEIGHBORS)
 
@@ -45,19 +45,7 @@ def published(spark, cfg) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="publish", description=__doc__.split("\n\n")[0])
-    p.add_argument("--end", required=True, help="the run's time t (UTC, ISO)")
-    p.add_argument("--config", help="SOLARIS TOML config")
-    a = p.parse_args(sys.argv[1:] if argv is None else argv)
-
-    from include.config import load_config
-    from include.spark import get_spark
-    from spark_jobs.precompute import parse_time
-    from spark_jobs.user_means import print_counters
-
-    cfg = load_config(a.config)
-    print_counters("published", run(get_spark(cfg), cfg, parse_time(a.end)))
-    return 0
+    return run_at_end(argv, "publish", __doc__.split("\n\n")[0], run, lambda c: print_counters("published", c))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from datetime import datetime
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from feature_store.resolution import TIERS
 from feature_store.tables import (MISS_QUEUE, REQUEST_FEATURES, REQUEST_LOG, conform, ensure_tables,
                                   in_time_range, qualified_name)
 
@@ -58,7 +59,7 @@ def run(spark, cfg, start: datetime, end: datetime, record_misses: bool = False,
     from delta.tables import DeltaTable
 
     from spark_jobs.publish import published
-    from spark_jobs.user_means import code_dim
+    from spark_jobs.precompute import code_dim
 
     if end <= start:
         raise ValueError(f"empty interval: end {end} is not after start {start}")
@@ -91,8 +92,9 @@ def run(spark, cfg, start: datetime, end: datetime, record_misses: bool = False,
         rows.unpersist()
     total = sum(by_tier.values())
     return {"interval": f"{start.isoformat()} .. {end.isoformat()}", "candidates": total,
-            **{f"tier_{t}": by_tier.get(t, 0) for t in ("exact", "user_mean", "neighbor", "none")},
-            "misses_queued": queued, "snapshots_used": len({p['run_id'] for p in pubs}),
+            **{f"tier_{t}": by_tier.get(t, 0) for t in TIERS},
+            # publications before the interval's end; a request reads the newest one before it
+            "misses_queued": queued, "snapshots_published": len(pubs),
             "seconds": round(time.perf_counter() - started, 2)}
 
 
@@ -106,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from include.config import load_config
     from include.spark import get_spark
-    from spark_jobs.precompute import parse_time
-    from spark_jobs.user_means import print_counters
+    from include.cli import parse_time
+    from include.cli import print_counters
 
     cfg = load_config(a.config)
     print_counters("request features", run(get_spark(cfg), cfg, parse_time(a.start), parse_time(a.end),

@@ -10,7 +10,6 @@ partials in the window over their counts: exact, and cheap (one row per user per
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from datetime import datetime, timedelta
@@ -18,22 +17,23 @@ from datetime import datetime, timedelta
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from feature_store.quality import valid_embedding
 from feature_store.tables import (PAIR_EMBEDDINGS, USER_EMBEDDING_SUMS, USER_MEAN_EMBEDDINGS, conform,
                                   ensure_tables, qualified_name)
+from include.cli import print_counters, run_at_end
 
 
-def valid_embeddings(df: DataFrame, dim: int) -> DataFrame:
-    """Rows whose embedding is exactly ``dim`` finite floats; pure."""
-    return df.where((F.size("embedding") == dim)
-                    & ~F.exists("embedding", lambda x: F.isnan(x) | (F.abs(x) == float("inf"))))
+def sum_vectors(df: DataFrame, column: str, alias: str) -> DataFrame:
+    """(user_id, alias): the element-wise sum, in doubles, of the array ``column`` per user; pure."""
+    return (df.select("user_id", F.posexplode(column).alias("pos", "value"))
+            .groupBy("user_id", "pos").agg(F.sum(F.col("value").cast("double")).alias("s"))
+            .groupBy("user_id").agg(F.sort_array(F.collect_list(F.struct("pos", "s"))).alias("_v"))
+            .select("user_id", F.transform("_v", lambda v: v["s"]).alias(alias)))
 
 
 def partial_sums(pairs: DataFrame, run_id: str, t: datetime) -> DataFrame:
     """(run_id, user_id, embedding_sum, pair_count, computed_at) of valid pair rows; pure."""
-    exploded = pairs.select("user_id", F.posexplode("embedding").alias("pos", "value"))
-    sums = (exploded.groupBy("user_id", "pos").agg(F.sum(F.col("value").cast("double")).alias("s"))
-            .groupBy("user_id").agg(F.sort_array(F.collect_list(F.struct("pos", "s"))).alias("_v"))
-            .select("user_id", F.transform("_v", lambda v: v["s"]).alias("embedding_sum")))
+    sums = sum_vectors(pairs, "embedding", "embedding_sum")
     counts = pairs.groupBy("user_id").agg(F.count(F.lit(1)).alias("pair_count"))
     return (sums.join(counts, "user_id").withColumn("run_id", F.lit(run_id))
             .withColumn("computed_at", F.lit(t).cast("timestamp")))
@@ -43,12 +43,10 @@ def means(sums: DataFrame, t: datetime, window_hours: int, ttl_hours: float, run
     """user_mean_embeddings rows from the partial sums computed in [t - window, t]; pure."""
     start = t - timedelta(hours=window_hours)
     in_window = sums.where((F.col("computed_at") >= F.lit(start)) & (F.col("computed_at") <= F.lit(t)))
-    exploded = in_window.select("user_id", "run_id", "pair_count", F.posexplode("embedding_sum").alias("pos", "value"))
-    per_pos = exploded.groupBy("user_id", "pos").agg(F.sum("value").alias("s"))
+    totals = sum_vectors(in_window, "embedding_sum", "total")
     counts = in_window.groupBy("user_id").agg(F.sum("pair_count").alias("pair_count"))
-    return (per_pos.join(counts, "user_id")
-            .groupBy("user_id", "pair_count").agg(F.sort_array(F.collect_list(F.struct("pos", "s"))).alias("_v"))
-            .select("user_id", F.transform("_v", lambda v: (v["s"] / F.col("pair_count")).cast("float")).alias("embedding"),
+    return (totals.join(counts, "user_id")
+            .select("user_id", F.transform("total", lambda s: (s / F.col("pair_count")).cast("float")).alias("embedding"),
                     "pair_count", F.lit(start).cast("timestamp").alias("window_start"),
                     F.lit(t).cast("timestamp").alias("computed_at"),
                     F.lit(t + timedelta(hours=ttl_hours)).cast("timestamp").alias("expires_at"),
@@ -64,9 +62,11 @@ def run(spark, cfg, t: datetime, dim: int | None = None) -> dict:
     run_id = t.isoformat(timespec="seconds")
     ensure_tables(spark, cfg, (PAIR_EMBEDDINGS, USER_EMBEDDING_SUMS, USER_MEAN_EMBEDDINGS))
     if dim is None:
+        from spark_jobs.precompute import code_dim
+
         dim = code_dim(cfg)
     pairs = spark.table(qualified_name(PAIR_EMBEDDINGS, db)).where(F.col("run_id") == run_id)
-    good = valid_embeddings(pairs, dim)
+    good = pairs.where(valid_embedding(dim))
     n_pairs = pairs.count()
     n_good = good.count()
     sums = conform(partial_sums(good, run_id, t), USER_EMBEDDING_SUMS)
@@ -96,33 +96,8 @@ def run(spark, cfg, t: datetime, dim: int | None = None) -> dict:
             "seconds": round(time.perf_counter() - started, 2)}
 
 
-def code_dim(cfg) -> int:
-    """The stored embedding size: the configured autoencoder's code size."""
-    from model import registry
-    from spark_jobs.precompute import resolve_models
-
-    return int(registry.read_json(resolve_models(cfg)["autoencoder"], "config.json")["config"]["code_dim"])
-
-
-def print_counters(title: str, counters: dict) -> None:
-    print(title)
-    for k, v in counters.items():
-        print(f"  {k:<24} {v:>12,}" if isinstance(v, int) else f"  {k:<24} {v}")
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="user_means", description=__doc__.split("\n\n")[0])
-    p.add_argument("--end", required=True, help="the run's time t (UTC, ISO)")
-    p.add_argument("--config", help="SOLARIS TOML config")
-    a = p.parse_args(sys.argv[1:] if argv is None else argv)
-
-    from include.config import load_config
-    from include.spark import get_spark
-    from spark_jobs.precompute import parse_time
-
-    cfg = load_config(a.config)
-    print_counters("user means", run(get_spark(cfg), cfg, parse_time(a.end)))
-    return 0
+    return run_at_end(argv, "user_means", __doc__.split("\n\n")[0], run, lambda c: print_counters("user means", c))
 
 
 if __name__ == "__main__":

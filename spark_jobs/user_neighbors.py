@@ -17,7 +17,6 @@ against exact search measured and printed. Each build replaces the whole table.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from datetime import datetime, timedelta
@@ -28,6 +27,7 @@ from pyspark.sql import functions as F
 
 from feature_store.tables import (REQUEST_LOG, USER_EVENTS, USER_MEAN_EMBEDDINGS, USER_NEIGHBORS, conform,
                                   ensure_tables, in_time_range, qualified_name)
+from include.cli import print_counters, run_at_end
 from spark_jobs import embed_pairs
 
 
@@ -104,19 +104,8 @@ def run(spark, cfg, t: datetime) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="user_neighbors", description=__doc__.split("\n\n")[0])
-    p.add_argument("--end", required=True, help="the build's time t (UTC, ISO)")
-    p.add_argument("--config", help="SOLARIS TOML config")
-    a = p.parse_args(sys.argv[1:] if argv is None else argv)
-
-    from include.config import load_config
-    from include.spark import get_spark
-    from spark_jobs.precompute import parse_time
-    from spark_jobs.user_means import print_counters
-
-    cfg = load_config(a.config)
-    print_counters("user neighbors", run(get_spark(cfg), cfg, parse_time(a.end)))
-    return 0
+    return run_at_end(argv, "user_neighbors", __doc__.split("\n\n")[0], run,
+                      lambda c: print_counters("user neighbors", c))
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     from feature_store.tables import REQUEST_LOG, ensure_tables, in_time_range, qualified_name
     from include.config import load_config
     from include.spark import get_spark
-    from spark_jobs.precompute import parse_time
+    from include.cli import parse_time
 
     cfg = load_config(a.config)
     spark = get_spark(cfg)
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
             report = quality.validate_request_log(rows, cfg, f"{start:%Y%m%dT%H%M%S}-{end:%Y%m%dT%H%M%S}")
         else:
             from feature_store.tables import ALL_TABLES
-            from spark_jobs.user_means import code_dim
+            from spark_jobs.precompute import code_dim
 
             ensure_tables(spark, cfg, ALL_TABLES)
             report = quality.validate_feature_tables(spark, cfg, end, code_dim(cfg))

@@ -16,6 +16,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from include import synthetic
+from include.cli import parse_time
 from model import evaluate, registry
 from spark_jobs import backfill, embed_pairs, precompute, speculate
 from spark_jobs import ingest_clicklog as ic
@@ -187,11 +188,11 @@ def test_missing_or_mismatched_checkpoints_fail_before_any_write(spark, lake):
 
 def test_interval_arguments_are_checked():
     with pytest.raises(ValueError, match="not an ISO time"):
-        precompute.parse_time("yesterday")
+        parse_time("yesterday")
     with pytest.raises(ValueError, match="empty range"):
         backfill.interval_ends(T, T - timedelta(hours=1), 1)
     assert backfill.interval_ends(T, T + timedelta(hours=2), 1) == [T, T + timedelta(hours=1), T + timedelta(hours=2)]
-    assert precompute.parse_time("2026-01-05T10:00:00+01:00") == datetime(2026, 1, 5, 9)
+    assert parse_time("2026-01-05T10:00:00+01:00") == datetime(2026, 1, 5, 9)
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from feature_store.client import LookupClient
-from feature_store.online import OnlineStore, latest_publication
+from feature_store.online import latest_publication
 from feature_store.resolution import Snapshot
 from feature_store.serve import LookupServer
 from tests.test_serve import ITEMS, NOW, T, publish, write_version

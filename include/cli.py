@@ -1,0 +1,41 @@
+"""Command-line plumbing the per-interval Spark jobs share: times as the jobs take them, and the
+``--end t [--config F]`` entry point (load the config, start the session, run, print)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+
+def parse_time(s: str) -> datetime:
+    """An ISO time as a naive UTC datetime (the jobs' convention); a zone, if given, is converted."""
+    try:
+        t = datetime.fromisoformat(s)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"not an ISO time: {s!r} (expected e.g. 2026-01-05T12:00:00, UTC)") from e
+    return t.astimezone(timezone.utc).replace(tzinfo=None) if t.tzinfo else t  # naive = UTC throughout
+
+
+def print_counters(title: str, counters: dict) -> None:
+    print(title)
+    for k, v in counters.items():
+        print(f"  {k:<24} {v:>12,}" if isinstance(v, int) else f"  {k:<24} {v}")
+
+
+def run_at_end(argv: list[str] | None, prog: str, description: str, run: Callable[[Any, Any, datetime], Any],
+               show: Callable[[Any], None]) -> int:
+    """``prog --end t [--config F]``: ``show(run(spark, cfg, t))``."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("--end", required=True, help="the run's time t (UTC, ISO), e.g. 2026-01-05T12:00:00")
+    p.add_argument("--config", help="SOLARIS TOML config")
+    a = p.parse_args(sys.argv[1:] if argv is None else argv)
+
+    from include.config import load_config
+    from include.spark import get_spark
+
+    t = parse_time(a.end)
+    cfg = load_config(a.config)
+    show(run(get_spark(cfg), cfg, t))
+    return 0
