@@ -13,7 +13,7 @@ help:
 	@echo "make demo    - install, then run the main job on a synthetic log (local Spark, Delta lake in ./lake)"
 	@echo "make test    - install, then run the whole test suite"
 	@echo "make serve               - the online lookup service on 127.0.0.1:8765 over ./lake"
-	@echo "make airflow             - Airflow standalone (SQLite) with the SOLARIS DAGs on http://127.0.0.1:8080"
+	@echo "make airflow             - Airflow standalone (SQLite) with the SOLARIS DAGs on http://127.0.0.1:8080 (AIRFLOW_PORT=...)"
 	@echo "make sql Q='SELECT ...'  - run SQL over the feature tables"
 	@echo "make spark-sql           - interactive spark-sql on the same catalog"
 	@echo "make bench-ingest        - ingestion benchmark on the real logs in ../shared/datasets"
@@ -42,13 +42,17 @@ serve: install
 # Airflow's embedded default: SQLite metadata under ./airflow, this project's DAGs, Spark jobs on
 # local Spark through the solaris_spark connection. The login is printed by `airflow standalone`
 # (and kept in airflow/simple_auth_manager_passwords.json.generated). DAGs start paused.
-AIRFLOW_ENV = AIRFLOW_HOME="$(abspath airflow)" AIRFLOW__CORE__DAGS_FOLDER="$(abspath dags)" \
+AIRFLOW_DIR  ?= airflow
+AIRFLOW_PORT ?= 8080
+AIRFLOW_ENV = AIRFLOW_HOME="$(abspath $(AIRFLOW_DIR))" AIRFLOW__CORE__DAGS_FOLDER="$(abspath dags)" \
 	AIRFLOW__CORE__LOAD_EXAMPLES=False AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION=True \
-	AIRFLOW__API__HOST=127.0.0.1 AIRFLOW__API__PORT=8080 \
+	AIRFLOW__API__HOST=127.0.0.1 AIRFLOW__API__PORT=$(AIRFLOW_PORT) \
+	AIRFLOW__CORE__EXECUTION_API_SERVER_URL=http://127.0.0.1:$(AIRFLOW_PORT)/execution/ \
 	AIRFLOW_CONN_SOLARIS_SPARK='{"conn_type": "spark", "host": "local[*]"}' \
 	PATH="$(abspath $(VENV))/bin:$$PATH"
 
 airflow: install
+	@echo "Airflow UI: http://127.0.0.1:$(AIRFLOW_PORT)  (user admin; password printed below and in $(AIRFLOW_DIR)/simple_auth_manager_passwords.json.generated)"
 	$(AIRFLOW_ENV) $(VENV)/bin/airflow standalone
 
 sql: install

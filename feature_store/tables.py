@@ -288,10 +288,31 @@ COVERAGE_REPORT = TableSpec(
     primary_key=("report_id", "activity", "tier"),
 )
 
+COVERAGE_SWEEP = TableSpec(
+    name="coverage_sweep",
+    description="Coverage by tier of one replay per precompute setting (budget, embedding TTL): spark_jobs/coverage_sweep.py.",
+    columns=(
+        ("point", "STRING", "the setting, e.g. budget0.2_ttl6h"),
+        ("budget", "DOUBLE", "share of scored pairs precomputed per run"),
+        ("ttl_hours", "DOUBLE", "pair-embedding TTL"),
+        ("replay_start", "TIMESTAMP", "first cycle's t"),
+        ("interval_start", "TIMESTAMP", "measured requests from"),
+        ("interval_end", "TIMESTAMP", "measured requests before (the last cycle's t)"),
+        ("tier", "STRING", "exact, user_mean, neighbor or none"),
+        ("pairs", "BIGINT", "served candidates in the measured interval"),
+        ("share", "DOUBLE", "pairs / all served candidates in the measured interval"),
+        ("fm_inferences", "BIGINT", "pair embeddings the FM computed over the whole replay"),
+        ("pairs_scored", "BIGINT", "pairs the verifier scored over the whole replay"),
+        ("cycles", "INT", "hourly cycles replayed"),
+        ("seconds", "DOUBLE", "wall time of the replay"),
+    ),
+    primary_key=("point", "replay_start", "interval_start", "interval_end", "tier"),
+)
+
 ALL_TABLES: tuple[TableSpec, ...] = (REQUEST_LOG, USER_EVENTS, ITEMS, REQUEST_LOG_QUARANTINE, INGEST_RUNS,
                                      PAIR_EMBEDDINGS, VERIFIER_SCORES, MISS_QUEUE, PRECOMPUTE_RUNS,
                                      USER_EMBEDDING_SUMS, USER_MEAN_EMBEDDINGS, USER_NEIGHBORS, FEATURE_VERSIONS,
-                                     REQUEST_FEATURES, COVERAGE_REPORT)
+                                     REQUEST_FEATURES, COVERAGE_REPORT, COVERAGE_SWEEP)
 BY_NAME = {t.name: t for t in ALL_TABLES}
 
 

@@ -50,6 +50,10 @@ def spark_conf(cfg: SolarisConfig) -> dict[str, str]:
         "spark.ui.showConsoleProgress": "false",
         # Delta rebuilds table state with this many tasks; its default (50) dominates small local jobs.
         "spark.databricks.delta.snapshotPartitions": str(cfg.spark.shuffle_partitions),
+        # Delta answers unfiltered min/max/count from its statistics, and that shortcut fails with a
+        # ClassCastException (LocalDate vs java.sql.Date) under spark-sql, which turns on Java 8
+        # time types: `SELECT max(date) FROM solaris.request_features` broke there.
+        "spark.databricks.delta.optimizeMetadataQuery.enabled": "false",
     }
     if cfg.spark.master.startswith("local"):
         conf["spark.driver.host"] = "127.0.0.1"

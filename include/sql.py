@@ -65,8 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     spark = get_spark(load_config(a.config))
     try:
         for s in statements:
-            if a.file:
-                print(f"-- {s}")
+            if a.file:  # one line per statement, so the output reads (and parses) statement by statement
+                print("-- " + " ".join(s.split()))
             run(spark, s, a.max_rows, a.json)
     except AnalysisException as e:
         print(f"SQL error: {e}", file=sys.stderr)

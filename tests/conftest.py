@@ -68,3 +68,39 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(extra)
     return env
+
+
+def run(args, lake, timeout=1800, extra_env=None, both=False, **kw):
+    """Run a command as a user would, on ``lake``; fail with its output unless it exits 0."""
+    import subprocess
+
+    env = {**os.environ, "SOLARIS_LAKE_ROOT": str(lake), "SOLARIS_SPARK_MASTER": "local[2]",
+           # as with an activated virtualenv: spark-submit finds pyspark's Spark through this python
+           "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}", **(extra_env or {})}
+    p = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, **kw)
+    assert p.returncode == 0, f"{args} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
+    return p.stdout + p.stderr if both else p.stdout
+
+
+@pytest.fixture(scope="session")
+def demo_lake(tmp_path_factory):
+    """The main job exactly as `make demo` runs it, on a tiny synthetic log (shared by the
+    end-to-end, SQL and Airflow UI tests, each of which leaves its tables as it found them)."""
+    lake = tmp_path_factory.mktemp("demo") / "lake"
+    out = run([sys.executable, "-m", "spark_jobs.pipeline", "--synthetic-users", "80", "--synthetic-items", "40",
+               "--synthetic-hours", "4", "--precompute-hours", "2", "--reports", str(lake.parent / "reports")], lake)
+    return lake, out
+
+
+def serving_tables(lake: Path) -> dict:
+    """The feature tables' rows, order-free, read with delta-rs: equal before and after an
+    idempotent rerun of an interval."""
+    from deltalake import DeltaTable
+
+    out = {}
+    for name in ("pair_embeddings", "user_mean_embeddings", "user_neighbors", "request_features"):
+        df = DeltaTable(str(lake / "tables" / name)).to_pandas()
+        cols = [c for c in df.columns if c != "embedding"]
+        out[name] = (sorted(map(tuple, df[cols].astype(str).to_numpy())),
+                     sorted(tuple(map(float, e)) for e in df["embedding"]) if "embedding" in df else None)
+    return out

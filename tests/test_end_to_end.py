@@ -9,26 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import run, serving_tables
+
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
-
-
-def run(args, lake, timeout=1800, extra_env=None, both=False, **kw):
-    env = {**os.environ, "SOLARIS_LAKE_ROOT": str(lake), "SOLARIS_SPARK_MASTER": "local[2]",
-           # as with an activated virtualenv: spark-submit finds pyspark's Spark through this python
-           "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}", **(extra_env or {})}
-    p = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, **kw)
-    assert p.returncode == 0, f"{args} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
-    return p.stdout + p.stderr if both else p.stdout
-
-
-@pytest.fixture(scope="module")
-def demo_lake(tmp_path_factory):
-    """The main job exactly as `make demo` runs it, on a tiny synthetic log."""
-    lake = tmp_path_factory.mktemp("demo") / "lake"
-    out = run([sys.executable, "-m", "spark_jobs.pipeline", "--synthetic-users", "80", "--synthetic-items", "40",
-               "--synthetic-hours", "4", "--precompute-hours", "2", "--reports", str(lake.parent / "reports")], lake)
-    return lake, out
 
 
 def test_main_job_reports_what_landed_where(demo_lake):
@@ -91,8 +75,6 @@ def test_spark_sql_cli_reads_the_same_catalog(demo_lake):
 def test_airflow_dags_test_runs_the_hourly_dag_on_the_embedded_default(demo_lake, tmp_path):
     """`airflow dags test` on SQLite runs every task of solaris_precompute for the demo's last hour
     through spark-submit on local Spark, and a rerun of the interval leaves the tables unchanged."""
-    from deltalake import DeltaTable
-
     lake, _ = demo_lake
     home = tmp_path / "airflow"
     env = {"AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
@@ -101,18 +83,66 @@ def test_airflow_dags_test_runs_the_hourly_dag_on_the_embedded_default(demo_lake
     airflow = str(Path(sys.executable).with_name("airflow"))
     run([airflow, "db", "migrate"], lake, extra_env=env)
 
-    def tables():
-        out = {}
-        for name in ("pair_embeddings", "user_mean_embeddings", "user_neighbors", "request_features"):
-            df = DeltaTable(str(lake / "tables" / name)).to_pandas()
-            cols = [c for c in df.columns if c != "embedding"]
-            out[name] = (sorted(map(tuple, df[cols].astype(str).to_numpy())),
-                         sorted(tuple(map(float, e)) for e in df["embedding"]) if "embedding" in df else None)
-        return out
-
-    before = tables()
+    before = serving_tables(lake)
     # The run whose interval is [02:00, 03:00): the demo's last cycle, redone by the DAG's own tasks.
     out = run([airflow, "dags", "test", "solaris_precompute", "2026-01-05T03:00:00+00:00"], lake, extra_env=env, both=True)
     assert "--end 2026-01-05T03:00:00+00:00" in out  # the interval reached the Spark jobs from Airflow
     assert out.count("new_state=success") == 9 and "new_state=failed" not in out, out[-5000:]
-    assert tables() == before  # the DAG redid an interval the demo had run: same rows
+    assert serving_tables(lake) == before  # the DAG redid an interval the demo had run: same rows
+
+
+def sections(out: str) -> list[list[dict]]:
+    """The rows of each statement of an ``include.sql --file --json`` run, in file order."""
+    got = []
+    for line in out.splitlines():
+        if line.startswith("-- "):
+            got.append([])
+        elif line.startswith("{"):
+            got[-1].append(json.loads(line))
+    return got
+
+
+def test_documented_example_queries_answer_what_the_tables_hold(demo_lake, tmp_path):
+    """docs/example_queries.sql through the SQL entry point and spark-sql, against the tables read
+    independently with delta-rs."""
+    from deltalake import DeltaTable
+
+    lake, _ = demo_lake
+    read = lambda name: DeltaTable(str(lake / "tables" / name)).to_pandas()
+    queries = ROOT / "docs" / "example_queries.sql"
+    # The same file with a 6-hour horizon, so the expiry query also has rows to count (TTL is 6 h).
+    wider = tmp_path / "wider.sql"
+    wider.write_text(queries.read_text().replace("INTERVAL 1 HOUR", "INTERVAL 6 HOURS"))
+    got = sections(run([sys.executable, "-m", "include.sql", "--json", "--file", str(queries)], lake))
+    got_wide = sections(run([sys.executable, "-m", "include.sql", "--json", "--file", str(wider)], lake))
+    assert len(got) == len(got_wide) == 4
+
+    feats, pairs, runs = read("request_features"), read("pair_embeddings"), read("precompute_runs")
+    day = feats[feats["date"] == feats["date"].max()]
+    want = day.groupby("tier").size()
+    assert [(r["tier"], r["candidates"]) for r in got[0]] == sorted(want.items())
+    assert sum(r["share"] for r in got[0]) == pytest.approx(1.0, abs=1e-3) and len(want) >= 2
+
+    t = runs["interval_end"].max()
+    for rows, hours in ((got[1], 1), (got_wide[1], 6)):
+        expiring = pairs[(pairs["expires_at"] > t) & (pairs["expires_at"] <= t + pd_hours(hours))]
+        assert rows[0]["expiring_pairs"] == len(expiring)
+    assert got_wide[1][0]["expiring_pairs"] > 0
+
+    valid = pairs[pairs["expires_at"] > t].groupby("user_id").size().reset_index(name="n")
+    top = valid.sort_values(["n", "user_id"], ascending=[False, True]).head(10)
+    assert [(r["user_id"], r["pairs"]) for r in got[2]] == list(zip(top["user_id"], top["n"]))
+
+    newest = runs.sort_values("interval_end").iloc[-1]
+    assert got[3][0]["run_id"] == newest["run_id"] and got[3][0]["pairs_embedded"] == newest["pairs_embedded"]
+
+    props = run([sys.executable, "-m", "include.spark"], lake).strip()
+    spark_sql = str(Path(sys.executable).with_name("spark-sql"))
+    out = run([spark_sql, "--properties-file", props, "-f", str(queries)], lake)
+    assert f"{top['user_id'].iloc[0]}\t{top['n'].iloc[0]}\t" in out and newest["run_id"] in out
+
+
+def pd_hours(n: int):
+    import pandas as pd
+
+    return pd.Timedelta(hours=n)

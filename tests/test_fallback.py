@@ -219,3 +219,76 @@ def test_the_http_lookup_serves_what_the_batch_job_logged(spark, lake):
         srv.shutdown()
         srv.server_close()
         store.stop()
+
+
+def test_coverage_sweep_replays_each_setting_in_its_own_lake(spark, lake):
+    """Two budgets through the real cycle: each setting's tables live apart, the base lake's inputs
+    are only read, a larger budget covers at least as much exactly, and a rerun replaces its rows."""
+    from delta.tables import DeltaTable
+
+    from spark_jobs import coverage_sweep as sweep
+
+    cfg, _ = lake
+    versions = {n: DeltaTable.forName(spark, f"{cfg.lake.database}.{n}").history(1).first()["version"]
+                for n in ("request_log", "user_events", "pair_embeddings")}
+    ends, measure_from = [T, T + timedelta(hours=1)], T
+    low, high = sweep.SweepPoint(0.1, 6.0), sweep.SweepPoint(0.6, 6.0)
+    got = {}
+    for p in (low, high):
+        rows = sweep.replay(spark, cfg, p, ends, measure_from, log=lambda *_: None)
+        sweep.save(spark, cfg, rows)
+        got[p] = {r["tier"]: r for r in rows}
+        assert set(got[p]) == set(TIERS) and sum(r["share"] for r in rows) == pytest.approx(1.0)
+        pcfg = sweep.point_config(cfg, p)
+        assert (pcfg.lake.table_path("pair_embeddings") / "_delta_log").is_dir()
+        assert str(pcfg.lake.root_path).startswith(str(cfg.lake.root_path / "sweeps"))
+    # same requests served in both settings; more budget, more FM work and at least the same exact share
+    assert got[low]["exact"]["pairs"] + got[low]["none"]["pairs"] + got[low]["user_mean"]["pairs"] \
+        + got[low]["neighbor"]["pairs"] == sum(r["pairs"] for r in got[high].values()) > 0
+    assert got[high]["exact"]["fm_inferences"] > got[low]["exact"]["fm_inferences"] > 0
+    assert got[high]["exact"]["share"] >= got[low]["exact"]["share"]
+    # the base lake was only read
+    assert versions == {n: DeltaTable.forName(spark, f"{cfg.lake.database}.{n}").history(1).first()["version"]
+                        for n in versions}
+    # a rerun of a setting replaces its rows, and the table prints one line per setting
+    sweep.save(spark, cfg, list(got[low].values()))
+    saved = tbl(spark, cfg, "coverage_sweep").toPandas()
+    assert len(saved) == 2 * len(TIERS) and set(saved["point"]) == {low.name, high.name}
+    text = sweep.table(saved.to_dict("records"))
+    assert "| 10% | 6 h |" in text and "| 60% | 6 h |" in text
+    # a setting whose folder was deleted starts anew instead of reading tables that are gone
+    import shutil
+
+    pcfg = sweep.point_config(cfg, low)
+    shutil.rmtree(pcfg.lake.root_path)
+    sweep.register_inputs(spark, cfg, pcfg)
+    assert not spark.catalog.tableExists(f"{pcfg.lake.database}.pair_embeddings")
+    assert spark.table(f"{pcfg.lake.database}.request_log").count() == tbl(spark, cfg, "request_log").count()
+
+
+def test_coverage_sweep_settings_and_bad_arguments(tmp_path):
+    from spark_jobs import coverage_sweep as sweep
+
+    cross = sweep.sweep_points([0.05, 0.2], [1, 6, 24], 0.2, 6, "cross")
+    assert [p.name for p in cross] == ["budget0.05_ttl6h", "budget0.2_ttl6h", "budget0.2_ttl1h", "budget0.2_ttl24h"]
+    assert len(sweep.sweep_points([0.05, 0.2], [1, 6], 0.2, 6, "full")) == 4
+    with pytest.raises(ValueError, match="budget"):
+        sweep.SweepPoint(0, 6)
+    with pytest.raises(ValueError, match="TTL"):
+        sweep.SweepPoint(0.2, -1)
+    with pytest.raises(ValueError, match="grid"):
+        sweep.sweep_points([0.2], [6], 0.2, 6, "diagonal")
+    with pytest.raises(SystemExit):
+        sweep.main(["--start", "2026-01-05T08:00:00", "--end", "2026-01-05T06:00:00", "--measure-from", "2026-01-05T07:00:00"])
+    with pytest.raises(SystemExit):
+        sweep.main(["--start", "x", "--end", "y", "--measure-from", "z", "--budgets", "a,b"])
+    with pytest.raises(SystemExit):
+        sweep.main(["--start", "2026-01-05T08:00:00"])  # the interval is incomplete and --report not asked
+
+
+def test_coverage_sweep_needs_an_ingested_base_lake(spark, make_cfg):
+    from spark_jobs import coverage_sweep as sweep
+
+    cfg = make_cfg("sweep_no_inputs")
+    with pytest.raises(FileNotFoundError, match="ingest a log"):
+        sweep.register_inputs(spark, cfg, sweep.point_config(cfg, sweep.SweepPoint(0.2, 6)))
