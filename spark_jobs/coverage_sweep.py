@@ -133,12 +133,12 @@ def table(rows: list[dict]) -> str:
         by.setdefault(key, {"r": r, "share": {}, "pairs": 0})
         by[key]["share"][r["tier"]] = r["share"]
         by[key]["pairs"] += r["pairs"]
-    lines = ["| budget | TTL | " + " | ".join(TIERS) + " | all but none | FM inferences / h | verifier scores / h "
-             "| served candidates / h |", "|---:|---:|" + "---:|" * (len(TIERS) + 4)]
-    for v in sorted(by.values(), key=lambda v: (v["r"]["ttl_hours"], v["r"]["budget"])):
+    lines = ["| measured | budget | TTL | " + " | ".join(TIERS) + " | all but none | FM inferences / h "
+             "| verifier scores / h | served candidates / h |", "|---|---:|---:|" + "---:|" * (len(TIERS) + 4)]
+    for v in sorted(by.values(), key=lambda v: (str(v["r"]["interval_start"]), v["r"]["ttl_hours"], v["r"]["budget"])):
         r, s = v["r"], {t: v["share"].get(t, 0.0) for t in TIERS}
         hours = (r["interval_end"] - r["interval_start"]).total_seconds() / 3600
-        lines.append(f"| {100 * r['budget']:g}% | {r['ttl_hours']:g} h | "
+        lines.append(f"| {r['interval_start']:%Y-%m-%d %H:%M}..{r['interval_end']:%H:%M} | {100 * r['budget']:g}% | {r['ttl_hours']:g} h | "
                      + " | ".join(f"{100 * s[t]:.1f}%" for t in TIERS)
                      + f" | {100 * (1 - s['none']):.1f}% | {r['fm_inferences'] / r['cycles']:,.0f} "
                        f"| {r['pairs_scored'] / r['cycles']:,.0f} | {v['pairs'] / hours:,.0f} |")

@@ -255,7 +255,7 @@ def test_coverage_sweep_replays_each_setting_in_its_own_lake(spark, lake):
     saved = tbl(spark, cfg, "coverage_sweep").toPandas()
     assert len(saved) == 2 * len(TIERS) and set(saved["point"]) == {low.name, high.name}
     text = sweep.table(saved.to_dict("records"))
-    assert "| 10% | 6 h |" in text and "| 60% | 6 h |" in text
+    assert "| 2026-01-05 08:00..09:00 | 10% | 6 h |" in text and "| 2026-01-05 08:00..09:00 | 60% | 6 h |" in text
     # a setting whose folder was deleted starts anew instead of reading tables that are gone
     import shutil
 
