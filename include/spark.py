@@ -94,8 +94,13 @@ def get_spark(cfg: SolarisConfig):
             builder = builder.config(key, value)
         spark = builder.enableHiveSupport().getOrCreate()
         spark.sparkContext.setLogLevel("WARN")
-    spark.sql(f"CREATE DATABASE IF NOT EXISTS {cfg.lake.database} LOCATION '{cfg.lake.warehouse_path / cfg.lake.database}.db'")
+    ensure_database(spark, cfg)
     return spark
+
+
+def ensure_database(spark, cfg: SolarisConfig) -> None:
+    """The config's catalog database, its warehouse folder under the lake root."""
+    spark.sql(f"CREATE DATABASE IF NOT EXISTS {cfg.lake.database} LOCATION '{cfg.lake.warehouse_path / cfg.lake.database}.db'")
 
 
 def write_properties(cfg: SolarisConfig, path: Path | None = None) -> Path:

@@ -22,7 +22,7 @@ import re
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from pyspark.sql import functions as F
 
@@ -79,12 +79,14 @@ def register_inputs(spark, cfg, pcfg) -> None:
         for row in spark.sql(f"SHOW TABLES IN {pcfg.lake.database}").collect():
             spark.sql(f"DROP TABLE IF EXISTS {pcfg.lake.database}.{row.tableName}")  # external: data untouched
         spark.sql(f"DROP DATABASE IF EXISTS {pcfg.lake.database}")
-    for spec in INPUTS:
-        location = cfg.lake.table_path(spec.name)
+    from include.spark import ensure_database
+
+    locations = {spec: cfg.lake.table_path(spec.name) for spec in INPUTS}
+    for location in locations.values():
         if not (location / "_delta_log").is_dir():
             raise FileNotFoundError(f"{location} is not a Delta table: ingest a log into {cfg.lake.root_path} first")
-        spark.sql(f"CREATE DATABASE IF NOT EXISTS {pcfg.lake.database} "
-                  f"LOCATION '{pcfg.lake.warehouse_path / pcfg.lake.database}.db'")
+    ensure_database(spark, pcfg)
+    for spec, location in locations.items():
         spark.sql(f"CREATE TABLE IF NOT EXISTS {qualified_name(spec, pcfg.lake.database)} USING DELTA "
                   f"LOCATION '{location}'")
 

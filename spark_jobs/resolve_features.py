@@ -108,8 +108,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from include.config import load_config
     from include.spark import get_spark
-    from include.cli import parse_time
-    from include.cli import print_counters
+    from include.cli import parse_time, print_counters
 
     cfg = load_config(a.config)
     print_counters("request features", run(get_spark(cfg), cfg, parse_time(a.start), parse_time(a.end),

@@ -70,6 +70,15 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now, for a server a test starts."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def run(args, lake, timeout=1800, extra_env=None, both=False, **kw):
     """Run a command as a user would, on ``lake``; fail with its output unless it exits 0."""
     import subprocess

@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,19 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, serving_tables
+from tests.conftest import ROOT, free_port, serving_tables
 
 pytestmark = pytest.mark.slow
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 DAG = "solaris_precompute"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def api(base: str, path: str, token: str | None = None, body: dict | None = None) -> dict:

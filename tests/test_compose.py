@@ -71,22 +71,14 @@ def test_airflow_runs_on_postgres_and_submits_to_the_spark_master(config):
         assert svc[w]["command"][-1].endswith("spark://spark-master:7077")
 
 
-def test_secrets_come_from_the_environment():
-    cfg = compose_config_with(SOLARIS_DB_PASSWORD="s3cret", AIRFLOW_JWT_SECRET="jwt-x")
+def test_secrets_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv("SOLARIS_DB_PASSWORD", "s3cret")
+    monkeypatch.setenv("AIRFLOW_JWT_SECRET", "jwt-x")
+    cfg = compose_config()
     env = cfg["services"]["airflow-scheduler"]["environment"]
     assert "solaris:s3cret@postgres" in env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
     assert cfg["services"]["postgres"]["environment"]["POSTGRES_PASSWORD"] == "s3cret"
     assert env["AIRFLOW__API_AUTH__JWT_SECRET"] == "jwt-x"
-
-
-def compose_config_with(**env: str) -> dict:
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        return compose_config()
-    finally:
-        for k, v in old.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
 
 
 def test_the_image_bakes_the_delta_jars_and_the_postgres_driver():

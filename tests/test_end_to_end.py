@@ -105,6 +105,7 @@ def sections(out: str) -> list[list[dict]]:
 def test_documented_example_queries_answer_what_the_tables_hold(demo_lake, tmp_path):
     """docs/example_queries.sql through the SQL entry point and spark-sql, against the tables read
     independently with delta-rs."""
+    import pandas as pd
     from deltalake import DeltaTable
 
     lake, _ = demo_lake
@@ -125,7 +126,7 @@ def test_documented_example_queries_answer_what_the_tables_hold(demo_lake, tmp_p
 
     t = runs["interval_end"].max()
     for rows, hours in ((got[1], 1), (got_wide[1], 6)):
-        expiring = pairs[(pairs["expires_at"] > t) & (pairs["expires_at"] <= t + pd_hours(hours))]
+        expiring = pairs[(pairs["expires_at"] > t) & (pairs["expires_at"] <= t + pd.Timedelta(hours=hours))]
         assert rows[0]["expiring_pairs"] == len(expiring)
     assert got_wide[1][0]["expiring_pairs"] > 0
 
@@ -140,9 +141,3 @@ def test_documented_example_queries_answer_what_the_tables_hold(demo_lake, tmp_p
     spark_sql = str(Path(sys.executable).with_name("spark-sql"))
     out = run([spark_sql, "--properties-file", props, "-f", str(queries)], lake)
     assert f"{top['user_id'].iloc[0]}\t{top['n'].iloc[0]}\t" in out and newest["run_id"] in out
-
-
-def pd_hours(n: int):
-    import pandas as pd
-
-    return pd.Timedelta(hours=n)

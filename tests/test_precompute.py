@@ -20,6 +20,7 @@ from include.cli import parse_time
 from model import evaluate, registry
 from spark_jobs import backfill, embed_pairs, precompute, speculate
 from spark_jobs import ingest_clicklog as ic
+from tests.conftest import free_port
 from tests.test_model_eval import TINY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -231,12 +232,6 @@ def test_a_run_killed_midway_leaves_every_table_readable(spark, lake):
         assert len(new_rows) == final  # the killed run had committed its MERGE whole, not in part
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow
@@ -247,7 +242,7 @@ def test_backfill_through_spark_submit_to_a_standalone_cluster(lake, tmp_path):
     from deltalake import DeltaTable
 
     bin_dir = Path(sys.executable).parent
-    port, ui, worker_ui = _free_port(), _free_port(), _free_port()
+    port, ui, worker_ui = free_port(), free_port(), free_port()
     master = f"spark://127.0.0.1:{port}"
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}", "SPARK_LOCAL_IP": "127.0.0.1",
            "SPARK_WORKER_DIR": str(tmp_path / "work"), "SOLARIS_LAKE_ROOT": str(lake.lake.root_path),

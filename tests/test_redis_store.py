@@ -3,7 +3,6 @@ to the embedded store's for the same snapshot (the same rule), over HTTP too."""
 
 import os
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -16,6 +15,7 @@ from feature_store.client import LookupClient
 from feature_store.online import latest_publication
 from feature_store.resolution import Snapshot
 from feature_store.serve import LookupServer
+from tests.conftest import free_port
 from tests.test_serve import ITEMS, NOW, T, publish, write_version
 
 
@@ -26,9 +26,7 @@ def redis_url(tmp_path_factory):
         if os.environ.get("SOLARIS_REQUIRE_REDIS"):
             pytest.fail("redis-server is required here (SOLARIS_REQUIRE_REDIS) but not installed")
         pytest.skip("redis-server not installed (Debian: apt-get install redis-server)")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                              "--dir", str(tmp_path_factory.mktemp("redis"))], stdout=subprocess.DEVNULL)
     import redis
