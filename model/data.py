@@ -39,20 +39,37 @@ def _dataset(cfg, table: str) -> ds.Dataset:
         raise FileNotFoundError(f"table {table} not found at {path}: ingest a log first") from e
 
 
-def load(cfg, source: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """(requests with known labels, user events, items) of one source (all sources when None)."""
-    def read(table, columns):
-        d = _dataset(cfg, table)
-        flt = pc.field("source") == source if source else None
-        return d.to_table(columns=columns, filter=flt).to_pandas()
+def _read(cfg, table: str, columns: list[str], source: str | None) -> pd.DataFrame:
+    flt = pc.field("source") == source if source else None
+    return _dataset(cfg, table).to_table(columns=columns, filter=flt).to_pandas()
 
-    requests = read("request_log", REQUEST_COLUMNS)
-    requests = requests[requests["label"].notna()].reset_index(drop=True)
-    events = read("user_events", ["user_id", "item_id", "ts"])
-    items = read("items", ["item_id", "category"])
+
+def load(cfg, source: str | None = None, until=None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(requests with known labels, user events, items) of one source (all sources when None).
+    ``until``: only requests before this time (a training period that ends where a replay starts);
+    events stay whole, since every example reads only the events strictly before its request."""
+    requests = _read(cfg, "request_log", REQUEST_COLUMNS, source)
+    keep = requests["label"].notna()
+    if until is not None:
+        keep &= utc_naive(requests["ts"]) < pd.Timestamp(until)
+    requests = requests[keep].reset_index(drop=True)
+    events, items = events_and_items(cfg, source)
     if requests.empty:
-        raise ValueError(f"no labelled requests in the lake for source {source!r}: empty training window")
+        before = f" before {until}" if until is not None else ""
+        raise ValueError(f"no labelled requests{before} in the lake for source {source!r}: empty training window")
     return requests, events, items
+
+
+def events_and_items(cfg, source: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(user events, items) of one source (all sources when None): the histories every model reads."""
+    return _read(cfg, "user_events", ["user_id", "item_id", "ts"], source), \
+        _read(cfg, "items", ["item_id", "category"], source)
+
+
+def utc_naive(ts: pd.Series) -> pd.Series:
+    """Timestamps as naive UTC, whether the reader returned them zone-aware (delta-rs) or not."""
+    ts = pd.to_datetime(ts)
+    return ts.dt.tz_convert("UTC").dt.tz_localize(None) if ts.dt.tz is not None else ts
 
 
 def split_by_time(requests: pd.DataFrame, cfg: SplitConfig) -> dict[str, pd.DataFrame]:

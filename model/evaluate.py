@@ -64,12 +64,13 @@ def _with_codes(x: dict[str, np.ndarray], codes: np.ndarray | None, teacher: np.
     return out
 
 
-def run(cfg, source: str | None, ec: EvalConfig = EvalConfig(), log=print) -> dict:
-    """Everything after ingestion; returns the result table and where things were written."""
+def run(cfg, source: str | None, ec: EvalConfig = EvalConfig(), log=print, until=None) -> dict:
+    """Everything after ingestion; returns the result table and where things were written.
+    ``until``: train, validate and test on the requests before this time only."""
     device = pick_device(ec.device)
     fm_train, vm_train, ae_train = (replace(t, device=str(device)) for t in (ec.fm_train, ec.vm_train, ec.ae_train))
     t0 = time.perf_counter()
-    requests, events, items = mdata.load(cfg, source)
+    requests, events, items = mdata.load(cfg, source, until)
     splits = mdata.split_by_time(requests, ec.split)
     train_end = splits["train"]["ts"].max()
     vocab = Vocab.fit(splits["train"], events[events["ts"] <= train_end], items)

@@ -60,10 +60,11 @@ def sweep_points(budgets: list[float], ttls: list[float], budget: float, ttl: fl
     return list(dict.fromkeys(pts))
 
 
-def point_config(cfg, p: SweepPoint):
-    """The config of one setting's lake: own root and database, the base lake's models."""
-    db = f"{cfg.lake.database}_sweep_{re.sub(r'[^0-9a-z]+', '_', p.name.lower())}"
-    return cfg.with_overrides(lake={"root": str(cfg.lake.root_path / "sweeps" / p.name), "database": db},
+def point_config(cfg, p: SweepPoint, folder: str = "sweeps", tag: str = "sweep"):
+    """The config of one setting's lake (``<lake>/<folder>/<setting>``, database
+    ``<db>_<tag>_<setting>``): own root and database, the base lake's models."""
+    db = f"{cfg.lake.database}_{tag}_{re.sub(r'[^0-9a-z]+', '_', p.name.lower())}"
+    return cfg.with_overrides(lake={"root": str(cfg.lake.root_path / folder / p.name), "database": db},
                               precompute={"budget": p.budget, "ttl_hours": p.ttl_hours,
                                           "models_root": str(cfg.models_root)})
 
@@ -92,12 +93,13 @@ def register_inputs(spark, cfg, pcfg) -> None:
 
 
 def replay(spark, cfg, p: SweepPoint, ends: list[datetime], measure_from: datetime, record_misses: bool = False,
-           log=print) -> list[dict]:
+           log=print, pcfg=None) -> list[dict]:
     """Replay the cycles at ``ends`` for one setting; its coverage_sweep rows. ``record_misses``
-    queues every candidate served without its exact embedding, as the online lookup does."""
+    queues every candidate served without its exact embedding, as the online lookup does.
+    ``pcfg``: the setting's config when not ``point_config(cfg, p)``."""
     from spark_jobs import coverage, cycle
 
-    pcfg = point_config(cfg, p)
+    pcfg = pcfg or point_config(cfg, p)
     register_inputs(spark, cfg, pcfg)
     started = time.perf_counter()
     for i, t in enumerate(ends, 1):

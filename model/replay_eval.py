@@ -1,0 +1,226 @@
+"""VM variants trained on the features a replay served, evaluated on the replay's last hours.
+
+Rows are ``request_features`` (the tier and embedding each logged candidate was served at its
+request time) joined to ``request_log`` for the context; histories come from ``user_events``
+strictly before each request. The replay's hours before ``test_from`` train (their last
+``val_share`` of requests validate, for early stopping), the hours from ``test_from`` test.
+
+Variants, all on the same rows:
+- VM: no FM input;
+- VM + KD (soft labels): the FM's probability as a second target;
+- VM + SOLARIS (served): the embedding and tier served, in training and in test;
+- VM + SOLARIS (exact only): the served embedding where its tier is exact, zeros and tier none elsewhere;
+- VM + FM embedding (oracle): every pair its own embedding from its history before the request,
+  computed offline: the ceiling of full coverage;
+- FM: the replay's FM scoring the test hours itself (what running it online would give).
+
+The FM and autoencoder are the ones the replay precomputed with (trained before the replay).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import pandas as pd
+import torch
+
+from model import data as mdata
+from model import metrics
+from model.features import Vocab, build_examples
+from model.train import TrainConfig, bce_loss, fit, infer, kd_loss, n_params, pick_device, sigmoid
+from model.vm import TIER_NONE, TIERS, VerticalModel, VMConfig
+
+VARIANTS = ("VM", "VM + KD (soft labels)", "VM + SOLARIS (served)", "VM + SOLARIS (exact only)",
+            "VM + FM embedding (oracle)", "FM")
+SERVED = "VM + SOLARIS (served)"
+
+
+@dataclass(frozen=True)
+class ReplayEvalConfig:
+    history_len: int = 10
+    val_share: float = 0.2  # of the training hours' requests, the latest
+    kd_alpha: float = 1.0
+    vm_train: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=4, lr=3e-3))
+    device: str = "auto"
+
+
+def served_rows(cfg, features_path, start, end, source: str | None = None) -> pd.DataFrame:
+    """Labelled candidates of [start, end) with the tier and embedding served, and their context."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        served = DeltaTable(str(features_path)).to_pandas(
+            columns=["request_id", "item_id", "user_id", "ts", "label", "tier", "embedding"])
+    except TableNotFoundError as e:
+        raise FileNotFoundError(f"no request_features at {features_path}: replay the hours first") from e
+    served["ts"] = mdata.utc_naive(served["ts"])
+    served = served[(served["ts"] >= pd.Timestamp(start)) & (served["ts"] < pd.Timestamp(end))
+                    & served["label"].notna()]
+    context = mdata._read(cfg, "request_log", ["request_id", "item_id", "device", "surface"], source)
+    rows = served.merge(context, on=["request_id", "item_id"], how="left", validate="one_to_one")
+    unknown = rows["device"].isna() & rows["surface"].isna()
+    if unknown.any():
+        raise ValueError(f"{int(unknown.sum())} served candidates have no request_log row: "
+                         f"the features and the log are from different lakes")
+    return rows.sort_values(["ts", "request_id", "item_id"], kind="stable").reset_index(drop=True)
+
+
+def split(rows: pd.DataFrame, test_from, val_share: float) -> dict[str, pd.DataFrame]:
+    """train / val / test by request time, whole requests at a time."""
+    test = rows["ts"] >= pd.Timestamp(test_from)
+    first = rows[~test].groupby("request_id", sort=False)["ts"].min().sort_values(kind="stable")
+    val_ids = set(first.index[int(len(first) * (1 - val_share)):])
+    is_val = rows["request_id"].isin(val_ids) & ~test
+    out = {"train": rows[~test & ~is_val], "val": rows[is_val], "test": rows[test]}
+    for name, df in out.items():
+        if df.empty:
+            raise ValueError(f"the replay's {name} split is empty: test_from {test_from} leaves no "
+                             f"{'hours before it' if name != 'test' else 'hours from it'} with labelled requests")
+    return {k: v.reset_index(drop=True) for k, v in out.items()}
+
+
+def served_inputs(df: pd.DataFrame, dim: int, exact_only: bool = False) -> dict[str, np.ndarray]:
+    """The VM's FM input as served: the embedding and tier code (exact_only: other tiers as none)."""
+    tier = df["tier"].map({t: i for i, t in enumerate(TIERS)}).to_numpy()
+    if np.isnan(tier.astype(float)).any():
+        raise ValueError(f"unknown tiers in request_features: {sorted(set(df['tier']) - set(TIERS))}")
+    tier = tier.astype(np.int64)
+    emb = np.stack(df["embedding"].map(lambda e: np.asarray(e, np.float32)).to_numpy()) if len(df) \
+        else np.zeros((0, dim), np.float32)
+    if emb.shape[1] != dim:
+        raise ValueError(f"served embeddings have {emb.shape[1]} dimensions, the autoencoder makes {dim}")
+    if exact_only:
+        keep = tier == TIERS.index("exact")
+        emb, tier = np.where(keep[:, None], emb, 0.0).astype(np.float32), np.where(keep, tier, TIER_NONE)
+    return {"fm": emb, "tier": tier}
+
+
+def masked(x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The same rows as if nothing had been served: zeros, tier none."""
+    return {**x, "fm": np.zeros_like(x["fm"]), "tier": np.full(len(x["tier"]), TIER_NONE, np.int64)}
+
+
+def evaluate(cfg, rows_by_point: dict[str, pd.DataFrame], main: str, test_from, fm, ae, fm_vocab: Vocab,
+             source: str | None = None, ec: ReplayEvalConfig = ReplayEvalConfig(), log=print) -> dict:
+    """Train and compare the variants on the ``main`` point's served rows; train VM + SOLARIS
+    (served) on every other point's rows too (same requests, other budget or TTL)."""
+    device = pick_device(ec.device)
+    vm_train = replace(ec.vm_train, device=str(device))
+    t0 = time.perf_counter()
+    events, items = mdata.events_and_items(cfg, source)
+    events = events.assign(ts=mdata.utc_naive(events["ts"]))
+    splits = split(rows_by_point[main], test_from, ec.val_share)
+    keys = {k: v[["request_id", "item_id"]] for k, v in splits.items()}
+    train_end = splits["train"]["ts"].max()
+    vocab = Vocab.fit(splits["train"], events[events["ts"] < train_end], items)
+    x = {k: build_examples(v, events, vocab, ec.history_len, items) for k, v in splits.items()}
+    y = x["test"]["label"]
+    dim = ae.cfg.code_dim
+    log(f"  replay rows: {', '.join(f'{k} {len(v):,}' for k, v in splits.items())} "
+        f"({time.perf_counter() - t0:.0f} s)")
+
+    # The FM reads its own vocabulary and history length (it was trained before the replay).
+    xf = {k: build_examples(v, events, fm_vocab, fm.cfg.history_len, items) for k, v in splits.items()}
+    fm_p = {k: sigmoid(infer(fm, fm, v, device=device)) for k, v in xf.items()}
+    oracle = {k: infer(lambda b: ae.encode(fm.embed(b)), fm, v, device=device) for k, v in xf.items()}
+    ae.to("cpu")
+
+    def aligned(point: str) -> dict[str, pd.DataFrame]:
+        """The point's served rows in the main point's order; every point served the same requests."""
+        out = {}
+        for k, key in keys.items():
+            got = key.merge(rows_by_point[point], on=["request_id", "item_id"], how="left")
+            if got["tier"].isna().any():
+                raise ValueError(f"point {point} did not serve {int(got['tier'].isna().sum())} of the "
+                                 f"{main} point's {k} candidates: the replays covered different hours")
+            out[k] = got
+        return out
+
+    served = {p: aligned(p) if p != main else splits for p in rows_by_point}
+    inputs = {
+        "VM": lambda k: x[k],
+        "VM + KD (soft labels)": lambda k: {**x[k], "teacher": fm_p[k].astype(np.float32)},
+        SERVED: lambda k: {**x[k], **served_inputs(served[main][k], dim)},
+        "VM + SOLARIS (exact only)": lambda k: {**x[k], **served_inputs(served[main][k], dim, exact_only=True)},
+        "VM + FM embedding (oracle)": lambda k: {**x[k], "fm": oracle[k].astype(np.float32),
+                                                 "tier": np.full(len(x[k]["label"]), TIERS.index("exact"))},
+    }
+    sizes = dict(n_users=vocab.size("user"), n_items=vocab.size("item"), n_devices=vocab.size("device"),
+                 n_surfaces=vocab.size("surface"))
+
+    def train(name: str, make) -> tuple[VerticalModel, np.ndarray]:
+        log(f"  training {name}")
+        torch.manual_seed(vm_train.seed)  # the initial weights too, whatever ran before in this process
+        vm = VerticalModel(VMConfig(**sizes, use_fm_embedding="fm" in make("val"), fm_dim=dim))
+        fit(vm, kd_loss(ec.kd_alpha) if "teacher" in make("val") else bce_loss, make("train"), make("val"),
+            vm_train, lambda *_: None)
+        return vm, sigmoid(infer(vm, vm, make("test"), device=device))
+
+    models, preds = {}, {}
+    for name, make in inputs.items():
+        models[name], preds[name] = train(name, make)
+    preds["FM"] = fm_p["test"]
+    ne_vm, ne_fm = (metrics.normalized_entropy(y, preds[n]) for n in ("VM", "FM"))
+    rows = []
+    for name in VARIANTS:
+        s = metrics.summary(y, preds[name])
+        rows.append({"model": name, "params": n_params(models.get(name, fm)), **s,
+                     "ne_vs_vm_pct": 100 * (s["ne"] - ne_vm) / ne_vm,
+                     "transfer_ratio": metrics.transfer_ratio(ne_vm, s["ne"], ne_fm) if name != "FM"
+                     else (1.0 if ne_fm < ne_vm else float("nan"))})
+
+    # Does a fallback embedding help or hurt? The served model on each tier's rows, against the VM
+    # and against the same model fed "nothing served" on those rows.
+    xt = inputs[SERVED]("test")
+    p_masked = sigmoid(infer(models[SERVED], models[SERVED], masked(xt), device=device))
+    by_tier = []
+    for i, tier in enumerate(TIERS):
+        sel = xt["tier"] == i
+        if not sel.any():
+            by_tier.append({"tier": tier, "pairs": 0, "share": 0.0})
+            continue
+        yt = y[sel]
+        ne = {n: metrics.normalized_entropy(yt, preds[n][sel]) for n in ("VM", SERVED, "VM + FM embedding (oracle)")}
+        ne_masked = metrics.normalized_entropy(yt, p_masked[sel])
+        by_tier.append({"tier": tier, "pairs": int(sel.sum()), "share": float(sel.mean()), "ctr": float(yt.mean()),
+                        "ne_vm": ne["VM"], "ne_served": ne[SERVED], "ne_served_masked": ne_masked,
+                        "ne_oracle": ne["VM + FM embedding (oracle)"],
+                        "served_vs_vm_pct": 100 * (ne[SERVED] - ne["VM"]) / ne["VM"],
+                        "served_vs_masked_pct": 100 * (ne[SERVED] - ne_masked) / ne_masked})
+
+    by_point = []
+    for point in rows_by_point:
+        if point == main:
+            p = preds[SERVED]
+        else:
+            _, p = train(f"{SERVED} on {point}", lambda k, pt=point: {**x[k], **served_inputs(served[pt][k], dim)})
+        s = metrics.summary(y, p)
+        by_point.append({"point": point, **s, "ne_vs_vm_pct": 100 * (s["ne"] - ne_vm) / ne_vm,
+                         "transfer_ratio": metrics.transfer_ratio(ne_vm, s["ne"], ne_fm)})
+    return {"rows": rows, "by_tier": by_tier, "by_point": by_point,
+            "window": {k: {"rows": len(v), "requests": int(v["request_id"].nunique()), "from": str(v["ts"].min()),
+                           "to": str(v["ts"].max()), "ctr": float(v["label"].mean())} for k, v in splits.items()},
+            "fm_online_ms": fm_request_latency(fm, ae, xf["test"], splits["test"]["request_id"].to_numpy()),
+            "device": str(device), "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def fm_request_latency(fm, ae, x: dict[str, np.ndarray], request_ids: np.ndarray, requests: int = 300) -> dict:
+    """What running the FM online would add per request: FM + autoencoder forward over one
+    request's candidates, on the CPU, histories already in memory (so a lower bound)."""
+    fm.to("cpu").eval()
+    ae.to("cpu").eval()
+    starts = np.flatnonzero(np.r_[True, request_ids[1:] != request_ids[:-1]])
+    bounds = list(zip(starts, np.r_[starts[1:], len(request_ids)]))[:requests]
+    times = []
+    with torch.inference_mode():
+        for s, e in bounds:
+            b = {k: torch.as_tensor(v[s:e]) for k, v in x.items()}
+            t = time.perf_counter()
+            ae.encode(fm.embed(b))
+            times.append(1000 * (time.perf_counter() - t))
+    return {"requests": len(times), "candidates_mean": float(np.mean([e - s for s, e in bounds])) if bounds else 0.0,
+            "p50": float(np.percentile(times, 50)) if times else float("nan"),
+            "p99": float(np.percentile(times, 99)) if times else float("nan")}

@@ -1,0 +1,256 @@
+"""Replay evaluation: does a VM fed by speculative precompute keep the FM's gain, and at what FM cost?
+
+    python -m spark_jobs.replay                       # synthetic default (generates, ingests, replays)
+    python -m spark_jobs.replay --data mind --input ../shared/datasets/mind_small_subset
+    python -m spark_jobs.replay --data globo --input '../shared/datasets/globo_news_clicks/clicks/*.csv.gz' \\
+        --sample-fraction 0.05
+
+1. trains the FM, autoencoder and verifier VM on the requests before the replay (``model.evaluate``,
+   saved in the registry and pinned for the replay);
+2. replays the hourly cycle (spark_jobs/cycle.py, the code the hourly DAG runs: resolve the past
+   hour's requests as of their timestamps, precompute, user means, neighbors, publish) for every
+   hour of the replay, misses queued to ``miss_queue`` as the lookup does, once per precompute
+   setting (budget, TTL), each in its own lake under ``<lake>/replay/<setting>/``;
+3. trains the VM variants on the replay's logged ``request_features`` before ``test_from`` and
+   evaluates them on the hours from it (model/replay_eval.py);
+4. writes the report (Markdown, JSON and PNG plots) to ``<reports>/replay_<source>/``.
+
+Each data set has a default window (``WINDOWS``); ``--start/--end/--measure-from/--test-from``
+override it. Deterministic given ``--seed`` up to torch's multithreaded CPU kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from pyspark.sql import functions as F
+
+from feature_store.resolution import TIERS
+from feature_store.tables import MISS_QUEUE, PRECOMPUTE_RUNS, REQUEST_FEATURES, qualified_name
+
+
+@dataclass(frozen=True)
+class ReplayWindow:
+    """Cycles run at t = start, start + 1 h, ..., end; the cycle at t serves [t, t + 1 h) and
+    resolves [t - 1 h, t). Models train on requests before start - 1 h. Coverage is counted over
+    [measure_from, end); VM variants train on [start, test_from) and test on [test_from, end)."""
+
+    start: datetime
+    end: datetime
+    measure_from: datetime
+    test_from: datetime
+
+    def __post_init__(self):
+        if not self.start < self.measure_from <= self.test_from < self.end:
+            raise ValueError(f"need start < measure_from <= test_from < end, got {self.start}, {self.measure_from}, "
+                             f"{self.test_from}, {self.end}")
+        for name in ("start", "end", "measure_from", "test_from"):
+            t = getattr(self, name)
+            if t != t.replace(minute=0, second=0, microsecond=0):
+                raise ValueError(f"{name} {t} must be a whole hour: the cycles are hourly")
+
+    @property
+    def train_until(self) -> datetime:
+        return self.start - timedelta(hours=1)
+
+    @property
+    def ends(self) -> list[datetime]:
+        from spark_jobs.backfill import interval_ends
+
+        return interval_ends(self.start, self.end, 1.0)
+
+
+def _w(*ts: str) -> ReplayWindow:
+    return ReplayWindow(*(datetime.fromisoformat(t) for t in ts))
+
+
+WINDOWS = {  # start, end, measure_from, test_from (UTC)
+    "synthetic": _w("2026-01-06T08:00", "2026-01-06T17:00", "2026-01-06T10:00", "2026-01-06T14:00"),
+    "globo": _w("2017-10-10T10:00", "2017-10-10T18:00", "2017-10-10T13:00", "2017-10-10T16:00"),
+    "mind": _w("2019-11-14T06:00", "2019-11-14T12:00", "2019-11-14T08:00", "2019-11-14T10:00"),
+}
+
+
+def pin_models(cfg, saved: dict[str, str]):
+    """The replay's config: the versions trained for it, not whatever is latest later."""
+    return cfg.with_overrides(precompute={"models_root": str(cfg.models_root), "vm_version": Path(saved["vm"]).name,
+                                          "fm_version": Path(saved["fm"]).name,
+                                          "ae_version": Path(saved["autoencoder"]).name})
+
+
+def point_stats(spark, pcfg, w: ReplayWindow) -> dict:
+    """What one setting's replay did: coverage by hour and tier, precompute work per cycle, the miss queue."""
+    db = pcfg.lake.database
+    served = spark.table(qualified_name(REQUEST_FEATURES, db)).where(
+        (F.col("ts") >= F.lit(w.start - timedelta(hours=1))) & (F.col("ts") < F.lit(w.end)))
+    hourly = {}
+    for r in served.groupBy(F.date_trunc("hour", "ts").alias("hour"), "tier").count().collect():
+        hourly.setdefault(r.hour, dict.fromkeys(TIERS, 0))[r.tier] = r["count"]
+    runs = (spark.table(qualified_name(PRECOMPUTE_RUNS, db))
+            .where(F.col("interval_end").between(F.lit(w.start), F.lit(w.end))).orderBy("interval_end")
+            .select("interval_end", "pairs_considered", "pairs_scored", "pairs_selected", "already_fresh",
+                    "pairs_embedded", "queue_in", "queue_waiting").collect())
+    queue = spark.table(qualified_name(MISS_QUEUE, db)).groupBy("origin").agg(
+        F.count("*").alias("pairs"), F.count("consumed_by_run").alias("consumed")).collect()
+    return {"hourly": [{"hour": h, **hourly[h]} for h in sorted(hourly)],
+            "cycles": [r.asDict() for r in runs],
+            "miss_queue": {r.origin: {"pairs": r.pairs, "consumed": r.consumed} for r in queue}}
+
+
+def lookup_latency(tables_root: Path, rows, requests: int = 2000) -> dict:
+    """The serving path's added latency: the embedded lookup (OnlineStore, the newest snapshot)
+    over the test hours' requests, one call per request, in this process."""
+    from feature_store.online import OnlineStore
+
+    store = OnlineStore(tables_root, record_misses=False)
+    store.poll_once()
+    times = []
+    for (_, user, ts), g in list(rows.groupby(["request_id", "user_id", "ts"], sort=False))[:requests]:
+        items = g["item_id"].tolist()
+        t = time.perf_counter()
+        store.lookup(user, items, ts.to_pydatetime())
+        times.append(1000 * (time.perf_counter() - t))
+    import numpy as np
+
+    return {"requests": len(times), "p50": float(np.percentile(times, 50)) if times else float("nan"),
+            "p99": float(np.percentile(times, 99)) if times else float("nan"),
+            "snapshot_run_id": store.status()["snapshot_run_id"]}
+
+
+def run(spark, cfg, source: str, w: ReplayWindow, budgets: list[float], ttls: list[float], model_config,
+        eval_config, log=print) -> dict:
+    from model import evaluate, registry, replay_eval
+    from model.autoencoder import AEConfig, EmbeddingAutoencoder
+    from model.features import Vocab
+    from model.fm import FMConfig, FoundationModel
+    from spark_jobs import coverage_sweep as sweep
+
+    t0 = time.perf_counter()
+    log(f"training the FM, autoencoder and verifier on {source} requests before {w.train_until}")
+    trained = evaluate.run(cfg, source, model_config, log=log, until=w.train_until)
+    rcfg = pin_models(cfg, trained["models"])
+    main = sweep.SweepPoint(cfg.precompute.budget, cfg.precompute.ttl_hours)
+    points = list(dict.fromkeys([main, *sweep.sweep_points(budgets, ttls, main.budget, main.ttl_hours, "cross")]))
+    ends = w.ends
+    results, rows_by_point, pcfgs = {}, {}, {}
+    for i, p in enumerate(points, 1):
+        pcfg = sweep.point_config(rcfg, p, folder="replay", tag="replay")
+        shutil.rmtree(pcfg.lake.root_path, ignore_errors=True)  # every replay starts from an empty serving lake
+        log(f"[{i}/{len(points)}] replaying {p.name}: {len(ends)} cycles {ends[0]} .. {ends[-1]}")
+        coverage = sweep.replay(spark, rcfg, p, ends, w.measure_from, record_misses=True, pcfg=pcfg,
+                                log=lambda s: log(s))
+        results[p.name] = {"budget": p.budget, "ttl_hours": p.ttl_hours, "seconds": coverage[0]["seconds"],
+                           "coverage": {r["tier"]: r["share"] for r in coverage},
+                           "served": sum(r["pairs"] for r in coverage), **point_stats(spark, pcfg, w)}
+        rows_by_point[p.name] = replay_eval.served_rows(cfg, pcfg.lake.table_path(REQUEST_FEATURES.name), w.start,
+                                                        w.end, source)
+        pcfgs[p.name] = pcfg
+    fm_path, ae_path = Path(trained["models"]["fm"]), Path(trained["models"]["autoencoder"])
+    fm = registry.load(fm_path, FoundationModel, FMConfig)
+    ae = registry.load(ae_path, EmbeddingAutoencoder, AEConfig)
+    log("training the VM variants on the replay's served features")
+    variants = replay_eval.evaluate(cfg, rows_by_point, main.name, w.test_from, fm, ae,
+                                    Vocab.load(fm_path / "vocab.json"), source, eval_config, log)
+    test_rows = rows_by_point[main.name]
+    latency = lookup_latency(pcfgs[main.name].lake.tables_path, test_rows[test_rows["ts"] >= w.test_from])
+    return {"source": source, "window": {k: getattr(w, k) for k in ("start", "end", "measure_from", "test_from")}
+            | {"train_until": w.train_until}, "main": main.name, "points": results, "variants": variants,
+            "initial_models": {"rows": trained["rows"], "window": trained["window"], "models": trained["models"]},
+            "lookup_ms": latency, "seed": eval_config.vm_train.seed, "seconds": round(time.perf_counter() - t0, 1),
+            "reference": evaluate.REFERENCE}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from spark_jobs.coverage_sweep import floats
+
+    p = argparse.ArgumentParser(prog="replay", description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", choices=sorted(WINDOWS), default="synthetic")
+    p.add_argument("--input", help="the log to ingest (synthetic: generated when absent)")
+    p.add_argument("--sample-fraction", type=float,
+                   help="replay the whole histories of this share of users (include/sample.py) instead of the whole log")
+    p.add_argument("--skip-ingest", action="store_true", help="use what is already in the lake")
+    p.add_argument("--start", help="first cycle (UTC, ISO, whole hour); default: the data set's window")
+    p.add_argument("--end", help="last cycle, inclusive")
+    p.add_argument("--measure-from", help="coverage counts requests in [measure-from, end)")
+    p.add_argument("--test-from", help="VM variants test on [test-from, end) and train before it")
+    p.add_argument("--budgets", type=floats, default=[0.05, 0.2, 0.4])
+    p.add_argument("--ttls", type=floats, default=[1.0, 6.0, 24.0], help="pair-embedding TTLs in hours")
+    p.add_argument("--models", choices=["quick", "full"], default="quick", help="FM and verifier sizes")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--reports", default="reports", help="the report goes to <reports>/replay_<source>/")
+    p.add_argument("--config", help="SOLARIS TOML config")
+    a = p.parse_args(sys.argv[1:] if argv is None else argv)
+
+    from include.cli import parse_time
+    from include.config import load_config
+    from model import evaluate, replay_eval
+    from spark_jobs import replay_report
+
+    base = WINDOWS[a.data]
+    try:
+        w = ReplayWindow(*(parse_time(getattr(a, k)) if getattr(a, k) else getattr(base, k)
+                           for k in ("start", "end", "measure_from", "test_from")))
+    except ValueError as e:
+        p.error(str(e))
+    if a.sample_fraction is not None and not 0 < a.sample_fraction <= 1:
+        p.error(f"--sample-fraction must be in (0, 1], got {a.sample_fraction}")
+    if a.sample_fraction is not None and a.data == "mind":
+        p.error("--sample-fraction applies to click logs (globo, synthetic), not to MIND")
+    if not a.skip_ingest and not a.input and a.data != "synthetic":
+        p.error(f"--input is required for --data {a.data}")
+    cfg = load_config(a.config)
+    from include.spark import get_spark
+
+    spark = get_spark(cfg)
+    ec = evaluate.QUICK if a.models == "quick" else evaluate.EvalConfig()
+    seeded = lambda t: replace(t, seed=a.seed)  # noqa: E731
+    ec = replace(ec, fm_train=seeded(ec.fm_train), vm_train=seeded(ec.vm_train), ae_train=seeded(ec.ae_train),
+                 split=replace(ec.split, seed=a.seed))
+    rc = replay_eval.ReplayEvalConfig(history_len=ec.history_len,
+                                      vm_train=seeded(replay_eval.ReplayEvalConfig().vm_train))
+    try:
+        if not a.skip_ingest:
+            ingest(spark, cfg, a)
+        result = run(spark, cfg, a.data, w, a.budgets, a.ttls, ec, rc, log=lambda s: print(s, flush=True))
+    except (FileNotFoundError, ValueError) as e:  # missing tables, empty windows: say which, no traceback
+        p.exit(2, f"replay: error: {e}\n")
+    out = replay_report.write(result, Path(a.reports) / f"replay_{a.data}")
+    print("\n" + (out / "report.md").read_text())
+    print(f"wrote {out}/report.md, result.json and {len(list(out.glob('*.png')))} plots")
+    return 0
+
+
+def ingest(spark, cfg, a) -> None:
+    from spark_jobs import pipeline
+
+    path = a.input
+    if a.data == "synthetic" and not path:
+        from include import synthetic
+
+        path = str(cfg.lake.root_path.parent / "data" / "synthetic" / "clicks.csv")
+        synthetic.write_csv(synthetic.generate(synthetic.SyntheticConfig()), path)
+    if a.sample_fraction is not None and a.sample_fraction < 1:
+        import glob
+
+        from include import sample
+
+        files = sorted(glob.glob(path))
+        if not files:
+            raise FileNotFoundError(f"--input {path!r} matches no file")
+        out = cfg.lake.root_path.parent / "data" / f"{a.data}_sample_{a.sample_fraction:g}" / "clicks.csv.gz"
+        rows_in, rows_out = sample.sample(files, out, a.sample_fraction, "user_id")
+        print(f"sampled {rows_out:,} of {rows_in:,} clicks ({a.sample_fraction:.0%} of users) -> {out}", flush=True)
+        path = str(out)
+    print(f"ingesting {a.data} from {path}", flush=True)
+    report = pipeline.ingest(spark, cfg, a.data, path)
+    print("\n".join(report.lines(cfg.lake.database)), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

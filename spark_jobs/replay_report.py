@@ -1,0 +1,224 @@
+"""The replay evaluation's report: ``report.md``, ``result.json`` and PNG plots (matplotlib) in one folder.
+
+Pure rendering of the dict ``spark_jobs.replay.run`` returns; nothing here reads the lake.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime
+from pathlib import Path
+
+from feature_store.resolution import TIERS
+
+PAPER = {"VM + KD (soft labels)": "transfer 20-25%", "VM + SOLARIS (served)": "transfer 42-44%, NE -0.05..-0.10%"}
+COLORS = {"exact": "#2b8cbe", "user_mean": "#7bccc4", "neighbor": "#bae4bc", "none": "#d9d9d9"}
+
+
+def pct(x: float, digits: int = 1, sign: bool = False) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    return f"{100 * x:+.{digits}f}%" if sign else f"{100 * x:.{digits}f}%"
+
+
+def per_hour(point: dict, key: str, w: dict) -> float:
+    cycles = [c for c in point["cycles"]]
+    return sum(c[key] for c in cycles) / max(len(cycles), 1)
+
+
+def served_per_hour(point: dict, w: dict) -> float:
+    hours = (w["end"] - w["measure_from"]).total_seconds() / 3600
+    return point["served"] / hours
+
+
+def markdown(r: dict) -> str:
+    w, v, main = r["window"], r["variants"], r["points"][r["main"]]
+    test = v["window"]["test"]
+    rows = {x["model"]: x for x in v["rows"]}
+    ne_vm, ne_fm = rows["VM"]["ne"], rows["FM"]["ne"]
+    out = [f"# Replay evaluation: {r['source']}", "",
+           f"Models (FM, autoencoder, verifier VM) trained on the requests before {w['train_until']:%Y-%m-%d %H:%M}; "
+           f"hourly cycles {w['start']:%Y-%m-%d %H:%M} .. {w['end']:%H:%M} ({len(main['cycles'])} cycles, misses "
+           f"queued); coverage over [{w['measure_from']:%H:%M}, {w['end']:%H:%M}); VM variants trained on "
+           f"[{w['start']:%H:%M}, {w['test_from']:%H:%M}) (the latest 20% of those requests validate) and tested on "
+           f"[{w['test_from']:%H:%M}, {w['end']:%H:%M}). Main setting {r['main']}; seed {r['seed']}; "
+           f"{r['seconds']:.0f} s on {v['device']}.", "",
+           f"## VM variants on the test hours ({test['rows']:,} candidates, {test['requests']:,} requests, "
+           f"CTR {test['ctr']:.3f})", "",
+           "| model | params | NE | AUC | calibration | NE vs VM | transfer ratio | paper |",
+           "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for x in v["rows"]:
+        out.append(f"| {x['model']} | {x['params']:,} | {x['ne']:.4f} | {x['auc']:.4f} | {x['calibration']:.3f} | "
+                   f"{x['ne_vs_vm_pct']:+.2f}% | {pct(x['transfer_ratio'], 0)} | {PAPER.get(x['model'], '')} |")
+    verdict = (f"The FM beats the VM by {100 * (ne_vm - ne_fm) / ne_vm:.2f}% NE here, so transfer ratios are defined."
+               if ne_fm < ne_vm else
+               f"The FM does not beat the VM here (NE {ne_fm:.4f} vs {ne_vm:.4f}): there is no gain to transfer "
+               f"and every transfer ratio is undefined (n/a).")
+    out += ["", verdict, "", "## Coverage by tier", "",
+            f"Served candidates of [{w['measure_from']:%H:%M}, {w['end']:%H:%M}), setting {r['main']}: "
+            + ", ".join(f"{t} {pct(main['coverage'].get(t, 0.0))}" for t in TIERS)
+            + f" ({main['served']:,} candidates). By hour (![coverage over time](coverage_over_time.png)):", "",
+            "| hour | candidates | " + " | ".join(TIERS) + " |", "|---|---:|" + "---:|" * len(TIERS)]
+    for h in main["hourly"]:
+        n = sum(h[t] for t in TIERS)
+        out.append(f"| {h['hour']:%m-%d %H:%M} | {n:,} | " + " | ".join(pct(h[t] / n) for t in TIERS) + " |")
+    out += ["", "## Coverage, NE and FM work against budget and TTL", "",
+            "NE of VM + SOLARIS (served) trained and tested on each setting's served features "
+            "(![budget and TTL](budget_ttl.png)).", "",
+            "| budget | TTL | " + " | ".join(TIERS) + " | NE | NE vs VM | transfer | FM inferences / h | replay s |",
+            "|---:|---:|" + "---:|" * (len(TIERS) + 5)]
+    by_point = {x["point"]: x for x in v["by_point"]}
+    for name, p in sorted(r["points"].items(), key=lambda kv: (kv[1]["ttl_hours"], kv[1]["budget"])):
+        e = by_point[name]
+        out.append(f"| {100 * p['budget']:g}% | {p['ttl_hours']:g} h | "
+                   + " | ".join(pct(p["coverage"].get(t, 0.0)) for t in TIERS)
+                   + f" | {e['ne']:.4f} | {e['ne_vs_vm_pct']:+.2f}% | {pct(e['transfer_ratio'], 0)} | "
+                     f"{per_hour(p, 'pairs_embedded', w):,.0f} | {p['seconds']:.0f} |")
+    solaris, spec, online = (per_hour(main, "pairs_embedded", w), per_hour(main, "pairs_scored", w),
+                             served_per_hour(main, w))
+    lk, fm = r["lookup_ms"], v["fm_online_ms"]
+    out += ["", "## FM inferences per hour (setting " + r["main"] + ")", "",
+            "![FM inferences per cycle](fm_inferences.png)", "",
+            "| strategy | FM inferences / h | vs SOLARIS |", "|---|---:|---:|",
+            f"| SOLARIS: the verifier's top share, fresh pairs skipped | {solaris:,.0f} | 1.0x |",
+            f"| precompute every speculated pair | {spec:,.0f} | {spec / max(solaris, 1):.1f}x |",
+            f"| FM online on every served candidate | {online:,.0f} | {online / max(solaris, 1):.1f}x |", "",
+            f"Serving path: the embedded lookup over the test hours' requests adds p50 {lk['p50']:.3f} ms, "
+            f"p99 {lk['p99']:.3f} ms per request ({lk['requests']:,} requests, snapshot {lk['snapshot_run_id']}); "
+            f"running the FM online instead would add p50 {fm['p50']:.2f} ms, p99 {fm['p99']:.2f} ms per request "
+            f"(FM + autoencoder forward over {fm['candidates_mean']:.1f} candidates on the CPU, histories already "
+            f"in memory). HTTP and Redis numbers: benchmarks/RESULTS.md, the lookup benchmark.", "",
+            "## NE by tier (VM + SOLARIS served, test hours)", "",
+            "Each tier's rows scored by the served model, by the VM, and by the served model fed "
+            "\"nothing served\" (zeros, tier none) on the same rows (![NE by tier](ne_by_tier.png)).", "",
+            "| tier | candidates | share | CTR | NE VM | NE served | NE served, embedding masked | NE oracle "
+            "| served vs VM | served vs masked |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for t in v["by_tier"]:
+        if not t["pairs"]:
+            out.append(f"| {t['tier']} | 0 | 0.0% | | | | | | | |")
+            continue
+        out.append(f"| {t['tier']} | {t['pairs']:,} | {pct(t['share'])} | {t['ctr']:.3f} | {t['ne_vm']:.4f} | "
+                   f"{t['ne_served']:.4f} | {t['ne_served_masked']:.4f} | {t['ne_oracle']:.4f} | "
+                   f"{t['served_vs_vm_pct']:+.2f}% | {t['served_vs_masked_pct']:+.2f}% |")
+    q = main["miss_queue"].get("replay", {"pairs": 0, "consumed": 0})
+    out += ["", f"Miss queue: {q['pairs']:,} misses recorded, {q['consumed']:,} taken in by a later cycle "
+                f"(queue_in per cycle: {', '.join(str(c['queue_in']) for c in main['cycles'])}).", "",
+            "## Initial models (their own time split, before the replay)", "",
+            "| model | NE | AUC | calibration |", "|---|---:|---:|---:|"]
+    for x in r["initial_models"]["rows"]:
+        out.append(f"| {x['model']} | {x['ne']:.4f} | {x['auc']:.4f} | {x['calibration']:.3f} |")
+    return "\n".join(out) + "\n"
+
+
+def plots(r: dict, out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    w, v, main = r["window"], r["variants"], r["points"][r["main"]]
+    paths = []
+
+    def save(fig, name):
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+        paths.append(out / name)
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    hours = [h["hour"] for h in main["hourly"]]
+    bottom = [0.0] * len(hours)
+    for t in TIERS:
+        share = [h[t] / max(sum(h[x] for x in TIERS), 1) for h in main["hourly"]]
+        ax.bar(range(len(hours)), share, bottom=bottom, color=COLORS[t], label=t)
+        bottom = [b + s for b, s in zip(bottom, share)]
+    ax.set_xticks(range(len(hours)), [f"{h:%H:%M}" for h in hours], rotation=45)
+    for when, label in ((w["measure_from"], "measured from"), (w["test_from"], "test from")):
+        if when in hours:
+            ax.axvline(hours.index(when) - 0.5, color="k", ls="--", lw=1)
+            ax.text(hours.index(when) - 0.45, 1.02, label, fontsize=8)
+    ax.set_ylim(0, 1.08)
+    ax.set_ylabel("share of served candidates")
+    ax.set_title(f"{r['source']}: coverage by tier per request hour ({r['main']})")
+    ax.legend(loc="lower right", fontsize=8)
+    save(fig, "coverage_over_time.png")
+
+    by_point = {x["point"]: x for x in v["by_point"]}
+    m = r["points"][r["main"]]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, key, fixed, label in ((axes[0], "budget", "ttl_hours", "precompute budget"),
+                                  (axes[1], "ttl_hours", "budget", "TTL (hours)")):
+        pts = sorted((p for p in r["points"].items() if p[1][fixed] == m[fixed]), key=lambda kv: kv[1][key])
+        xs = [p[key] * (100 if key == "budget" else 1) for _, p in pts]
+        for t in TIERS:
+            ax.plot(xs, [p["coverage"].get(t, 0.0) for _, p in pts], "o-", color=COLORS[t] if t != "none" else "#888",
+                    label=t)
+        ax.set_xlabel(label + (" (%)" if key == "budget" else ""))
+        ax.set_ylabel("share of served candidates")
+        ax.set_ylim(0, 1)
+        twin = ax.twinx()
+        twin.plot(xs, [by_point[n]["ne_vs_vm_pct"] for n, _ in pts], "s--", color="#d95f0e", label="NE vs VM (%)")
+        twin.set_ylabel("NE vs VM (%)", color="#d95f0e")
+        if key == "ttl_hours":
+            ax.set_xscale("log")
+    axes[0].legend(fontsize=8, loc="upper left")
+    fig.suptitle(f"{r['source']}: coverage and NE of VM + SOLARIS (served) against budget and TTL")
+    save(fig, "budget_ttl.png")
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    cycles = main["cycles"]
+    xs = [f"{c['interval_end']:%H:%M}" for c in cycles]
+    served = {h["hour"]: sum(h[t] for t in TIERS) for h in main["hourly"]}
+    ax.plot(xs, [c["pairs_embedded"] for c in cycles], "o-", label="SOLARIS (FM inferences)")
+    ax.plot(xs, [c["pairs_scored"] for c in cycles], "s-", label="precompute every speculated pair")
+    ax.plot(xs, [served.get(c["interval_end"], 0) for c in cycles], "^-", label="FM online (candidates served in the hour)")
+    ax.set_yscale("log")
+    ax.set_xlabel("cycle")
+    ax.set_ylabel("FM inferences")
+    ax.set_title(f"{r['source']}: FM work per hour ({r['main']})")
+    ax.legend(fontsize=8)
+    save(fig, "fm_inferences.png")
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    tiers = [t for t in v["by_tier"] if t["pairs"]]
+    series = (("ne_vm", "VM"), ("ne_served", "served"), ("ne_served_masked", "served, embedding masked"),
+              ("ne_oracle", "oracle"))
+    width = 0.8 / len(series)
+    for j, (key, label) in enumerate(series):
+        ax.bar([i + j * width for i in range(len(tiers))], [t[key] for t in tiers], width, label=label)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(tiers))],
+                  [f"{t['tier']}\n({100 * t['share']:.0f}%)" for t in tiers])
+    lo = min(t[k] for t in tiers for k, _ in series)
+    hi = max(t[k] for t in tiers for k, _ in series)
+    ax.set_ylim(max(0.0, lo - 0.1 * (hi - lo + 1e-3)), hi + 0.1 * (hi - lo + 1e-3))
+    ax.set_ylabel("NE (lower is better)")
+    ax.set_title(f"{r['source']}: NE by served tier, test hours")
+    ax.legend(fontsize=8)
+    save(fig, "ne_by_tier.png")
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    names = [x["model"] for x in v["rows"]]
+    ax.barh(names, [x["ne_vs_vm_pct"] for x in v["rows"]], color="#3182bd")
+    ax.axvline(0, color="k", lw=1)
+    ax.invert_yaxis()
+    ax.set_xlabel("NE vs VM (%), lower is better")
+    ax.set_title(f"{r['source']}: VM variants on the test hours")
+    save(fig, "variants.png")
+    return paths
+
+
+def _jsonable(x):
+    if isinstance(x, datetime):
+        return x.isoformat()
+    if hasattr(x, "item"):
+        return x.item()
+    raise TypeError(f"not JSON serializable: {type(x).__name__}")
+
+
+def write(r: dict, out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "result.json").write_text(json.dumps(r, indent=1, default=_jsonable))
+    plots(r, out)
+    (out / "report.md").write_text(markdown(r))
+    return out

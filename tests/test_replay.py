@@ -1,0 +1,215 @@
+"""The replay evaluation at small scale, through the real jobs: tiers sum to 1, nothing served at t
+depends on anything after t, expired embeddings are never served, misses are queued and taken in,
+the report is written, and the variants are deterministic given the seed."""
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from deltalake import DeltaTable
+
+from feature_store.resolution import TIERS
+from include import synthetic
+from model import data as mdata
+from model import registry, replay_eval
+from model.autoencoder import AEConfig, EmbeddingAutoencoder
+from model.features import Vocab
+from model.fm import FMConfig, FoundationModel
+from model.train import TrainConfig
+from spark_jobs import coverage_sweep, replay, replay_report
+from spark_jobs import ingest_clicklog as ic
+from tests.conftest import ROOT
+from tests.test_model_eval import TINY
+
+# the synthetic log runs 2026-01-05 00:00 .. 12:00; models train before 05:00
+WINDOW = replay.ReplayWindow(datetime(2026, 1, 5, 6), datetime(2026, 1, 5, 10), datetime(2026, 1, 5, 7),
+                             datetime(2026, 1, 5, 9))
+EVAL = replay_eval.ReplayEvalConfig(history_len=5, vm_train=TrainConfig(epochs=2, batch_size=256))
+MAIN, SHORT = "budget0.3_ttl6h", "budget0.3_ttl0.5h"  # 0.5 h: embeddings expire inside the hour they serve
+
+
+@pytest.fixture(scope="module")
+def replayed(spark, lake_root, tmp_path_factory):
+    from tests.conftest import _test_config
+
+    cfg = _test_config(lake_root / "replay", database="t_replay").with_overrides(
+        precompute={"lookback_hours": 3, "trending_items": 5, "recent_items_per_user": 5, "device": "cpu",
+                    "budget": 0.3, "ttl_hours": 6.0},
+        fallback={"neighbors_k": 3, "recall_sample": 50})
+    spark.sql(f"CREATE DATABASE IF NOT EXISTS {cfg.lake.database}")
+    path = tmp_path_factory.mktemp("syn") / "clicks.csv"
+    synthetic.write_csv(synthetic.generate(synthetic.SyntheticConfig(users=120, items=50, hours=12,
+                                                                     visits_per_hour=20)), path)
+    ic.ingest(spark, cfg, str(path), ic.spec_from_args(ic.parse_args(["--input", str(path), "--source", "synthetic"]), cfg))
+    result = replay.run(spark, cfg, "synthetic", WINDOW, [0.3], [0.5, 6.0], TINY, EVAL, log=lambda *_: None)
+    out = replay_report.write(result, tmp_path_factory.mktemp("reports") / "replay_synthetic")
+    return cfg, result, out
+
+
+def naive(text) -> pd.Timestamp:
+    t = pd.Timestamp(text)
+    return t.tz_convert(None) if t.tzinfo else t
+
+
+def point_cfg(cfg, name):
+    p = {MAIN: coverage_sweep.SweepPoint(0.3, 6.0), SHORT: coverage_sweep.SweepPoint(0.3, 0.5)}[name]
+    return coverage_sweep.point_config(cfg, p, folder="replay", tag="replay")
+
+
+def served(pcfg) -> pd.DataFrame:
+    df = DeltaTable(str(pcfg.lake.table_path("request_features"))).to_pandas()
+    return df.assign(ts=mdata.utc_naive(df["ts"]))
+
+
+def test_every_hour_of_the_replay_is_served_once_and_tiers_sum_to_one(replayed):
+    cfg, result, _ = replayed
+    assert set(result["points"]) == {MAIN, SHORT}
+    log = DeltaTable(str(cfg.lake.table_path("request_log"))).to_pandas()
+    log = log.assign(ts=mdata.utc_naive(log["ts"]))
+    expected = log[(log["ts"] >= WINDOW.start - timedelta(hours=1)) & (log["ts"] < WINDOW.end)]
+    for name, p in result["points"].items():
+        rows = served(point_cfg(cfg, name))
+        assert len(rows) == len(expected) and not rows.duplicated(["request_id", "item_id"]).any()
+        assert set(rows["tier"]) <= set(TIERS)
+        assert sum(p["coverage"].values()) == pytest.approx(1.0)
+        measured = rows[rows["ts"] >= WINDOW.measure_from]
+        for t in TIERS:
+            assert p["coverage"].get(t, 0.0) == pytest.approx((measured["tier"] == t).mean())
+        assert [h["hour"] for h in p["hourly"]] == [WINDOW.start + timedelta(hours=h) for h in range(-1, 4)]
+        assert sum(sum(h[t] for t in TIERS) for h in p["hourly"]) == len(rows)
+        assert len(p["cycles"]) == 5
+    shares = [t["share"] for t in result["variants"]["by_tier"]]
+    assert sum(shares) == pytest.approx(1.0)
+
+
+def test_nothing_served_at_t_depends_on_anything_after_t(replayed):
+    cfg, result, _ = replayed
+    # the models were trained, validated and tested on requests before the replay's first hour
+    for split in result["initial_models"]["window"].values():
+        if isinstance(split, dict):
+            assert naive(split["to"]) < pd.Timestamp(WINDOW.train_until)
+    for name in (MAIN, SHORT):
+        pcfg = point_cfg(cfg, name)
+        rows = served(pcfg)
+        pubs = DeltaTable(str(pcfg.lake.table_path("feature_versions"))).to_pandas()
+        pubs["interval_end"] = mdata.utc_naive(pubs["interval_end"])
+        rows = rows.merge(pubs, left_on="snapshot_run_id", right_on="run_id", how="left")
+        never = rows["snapshot_run_id"].isna()
+        assert (rows.loc[never, "tier"] == "none").all()
+        assert (rows.loc[never, "ts"] < WINDOW.start).all()  # only the hour before the first publication
+        assert (rows.loc[~never, "interval_end"] <= rows.loc[~never, "ts"]).all()
+        # and each request read the newest snapshot published at or before it, not an older one
+        newest = np.searchsorted(np.sort(pubs["interval_end"].to_numpy()), rows.loc[~never, "ts"].to_numpy(),
+                                 side="right") - 1
+        assert (np.sort(pubs["interval_end"].to_numpy())[newest] == rows.loc[~never, "interval_end"].to_numpy()).all()
+
+
+def _at_version(pcfg, table, version):
+    df = DeltaTable(str(pcfg.lake.table_path(table)), version=int(version)).to_pandas()
+    return df.assign(computed_at=mdata.utc_naive(df["computed_at"]), expires_at=mdata.utc_naive(df["expires_at"]))
+
+
+@pytest.mark.parametrize("name", [MAIN, SHORT])
+def test_exact_and_user_mean_embeddings_were_computed_before_and_valid_at_serving(replayed, name):
+    """Every exact / user-mean embedding served is the row of its snapshot (read here by Delta
+    version) with computed_at <= ts < expires_at; with a 0.5 h TTL some requested pairs were in
+    the snapshot but expired, and they were not served as exact."""
+    cfg, _, _ = replayed
+    pcfg = point_cfg(cfg, name)
+    rows = served(pcfg)
+    pubs = DeltaTable(str(pcfg.lake.table_path("feature_versions"))).to_pandas()
+    checked = {"exact": 0, "user_mean": 0, "expired_not_served": 0}
+    for _, pub in pubs.iterrows():
+        mine = rows[rows["snapshot_run_id"] == pub["run_id"]]
+        pairs = _at_version(pcfg, "pair_embeddings", pub["pair_embeddings_version"])
+        got = mine.merge(pairs, on=["user_id", "item_id"], how="left", suffixes=("", "_stored"))
+        exact = got[got["tier"] == "exact"]
+        assert exact["embedding_stored"].notna().all()
+        assert ((exact["computed_at"] <= exact["ts"]) & (exact["ts"] < exact["expires_at"])).all()
+        for a, b in zip(exact["embedding"], exact["embedding_stored"]):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        expired = got[got["expires_at"].notna() & (got["expires_at"] <= got["ts"])]
+        assert (expired["tier"] != "exact").all()
+        checked["exact"] += len(exact)
+        checked["expired_not_served"] += len(expired)
+        means = _at_version(pcfg, "user_mean_embeddings", pub["user_mean_embeddings_version"])
+        um = mine[mine["tier"] == "user_mean"].merge(means, on="user_id", how="left", suffixes=("", "_stored"))
+        assert ((um["computed_at"] <= um["ts"]) & (um["ts"] < um["expires_at"])).all()
+        for a, b in zip(um["embedding"], um["embedding_stored"]):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
+        checked["user_mean"] += len(um)
+    assert checked["exact"] > 0 and checked["user_mean"] > 0
+    if name == SHORT:
+        assert checked["expired_not_served"] > 0, "the 0.5 h TTL should leave expired pairs in some snapshot"
+
+
+def test_misses_are_queued_and_taken_in_by_later_cycles(replayed):
+    cfg, result, _ = replayed
+    p = result["points"][MAIN]
+    q = DeltaTable(str(point_cfg(cfg, MAIN).lake.table_path("miss_queue"))).to_pandas()
+    rows = served(point_cfg(cfg, MAIN))
+    missed = rows[rows["tier"] != "exact"]
+    assert set(q["origin"]) == {"replay"} and len(q) == len(missed.drop_duplicates(["user_id", "item_id", "ts"]))
+    assert p["miss_queue"]["replay"]["pairs"] == len(q) and q["consumed_by_run"].notna().any()
+    assert sum(c["queue_in"] for c in p["cycles"][1:]) > 0
+
+
+def test_variants_report_and_plots(replayed):
+    _, result, out = replayed
+    v = result["variants"]
+    assert [r["model"] for r in v["rows"]] == list(replay_eval.VARIANTS)
+    for r in v["rows"]:
+        assert np.isfinite(r["ne"]) and 0 <= r["auc"] <= 1 and r["examples"] == v["window"]["test"]["rows"]
+    assert {p["point"] for p in v["by_point"]} == {MAIN, SHORT}
+    assert next(p for p in v["by_point"] if p["point"] == MAIN)["ne"] == \
+        next(r for r in v["rows"] if r["model"] == replay_eval.SERVED)["ne"]
+    assert naive(v["window"]["train"]["to"]) < pd.Timestamp(WINDOW.test_from) <= naive(v["window"]["test"]["from"])
+    text = (out / "report.md").read_text()
+    for name in replay_eval.VARIANTS:
+        assert f"| {name} |" in text
+    assert "FM online on every served candidate" in text and "NE by tier" in text
+    for png in ("coverage_over_time.png", "budget_ttl.png", "fm_inferences.png", "ne_by_tier.png", "variants.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+    saved = json.loads((out / "result.json").read_text())
+    assert saved["main"] == MAIN and saved["variants"]["rows"][0]["ne"] == v["rows"][0]["ne"]
+    lk = result["lookup_ms"]
+    assert lk["requests"] > 0 and 0 < lk["p50"] <= lk["p99"]
+    assert sum(c["pairs_embedded"] for c in result["points"][MAIN]["cycles"]) > 0
+
+
+def test_variants_are_deterministic_given_the_seed(replayed):
+    cfg, result, _ = replayed
+    models = result["initial_models"]["models"]
+    fm = registry.load(Path(models["fm"]), FoundationModel, FMConfig)
+    ae = registry.load(Path(models["autoencoder"]), EmbeddingAutoencoder, AEConfig)
+    rows = {MAIN: replay_eval.served_rows(cfg, point_cfg(cfg, MAIN).lake.table_path("request_features"),
+                                          WINDOW.start, WINDOW.end, "synthetic")}
+    again = replay_eval.evaluate(cfg, rows, MAIN, WINDOW.test_from, fm, ae,
+                                 Vocab.load(Path(models["fm"]) / "vocab.json"), "synthetic", EVAL,
+                                 log=lambda *_: None)
+    assert [(r["model"], r["ne"], r["auc"]) for r in again["rows"]] == \
+        [(r["model"], r["ne"], r["auc"]) for r in result["variants"]["rows"]]
+
+
+def test_bad_windows_and_inputs_are_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match="measure_from <= test_from"):
+        replay.ReplayWindow(datetime(2026, 1, 5, 6), datetime(2026, 1, 5, 10), datetime(2026, 1, 5, 9),
+                            datetime(2026, 1, 5, 8))
+    with pytest.raises(ValueError, match="whole hour"):
+        replace(WINDOW, start=datetime(2026, 1, 5, 6, 30))
+    env = {"SOLARIS_LAKE_ROOT": str(tmp_path / "lake"), "PATH": f"{sys.executable.rsplit('/', 1)[0]}:/usr/bin:/bin"}
+    p = subprocess.run([sys.executable, "-m", "spark_jobs.replay", "--test-from", "2026-01-06T09:00:00"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "measure_from <= test_from" in p.stderr
+    p = subprocess.run([sys.executable, "-m", "spark_jobs.replay", "--data", "mind", "--input", str(tmp_path),
+                        "--sample-fraction", "0.5"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "not to MIND" in p.stderr
+    p = subprocess.run([sys.executable, "-m", "spark_jobs.replay", "--skip-ingest"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "ingest a log first" in p.stderr
