@@ -7,11 +7,12 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test serve airflow sql spark-sql bench-ingest clean help
+.PHONY: install demo test evaluate serve airflow sql spark-sql bench-ingest clean help
 
 help:
 	@echo "make demo    - install, then run the main job on a synthetic log (local Spark, Delta lake in ./lake)"
 	@echo "make test    - install, then run the whole test suite"
+	@echo "make evaluate DATA=synthetic|mind|globo - replay evaluation, report in reports/replay_DATA/ (lake in lake-eval/DATA)"
 	@echo "make serve               - the online lookup service on 127.0.0.1:8765 over ./lake"
 	@echo "make airflow             - Airflow standalone (SQLite) with the SOLARIS DAGs on http://127.0.0.1:8080 (AIRFLOW_PORT=...)"
 	@echo "make sql Q='SELECT ...'  - run SQL over the feature tables"
@@ -35,6 +36,20 @@ demo: install
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Replay evaluation (spark_jobs/replay.py) in a lake of its own per data set. The real logs default
+# to ../shared/datasets; Globo replays the whole histories of 5% of its users (SAMPLE=1: all).
+DATA ?= synthetic
+INPUT_mind  := ../shared/datasets/mind_small_subset
+INPUT_globo := ../shared/datasets/globo_news_clicks/clicks/*.csv.gz
+SAMPLE_globo := 0.05
+INPUT  ?= $(INPUT_$(DATA))
+SAMPLE ?= $(SAMPLE_$(DATA))
+EVAL_LAKE ?= lake-eval/$(DATA)
+
+evaluate: install
+	SOLARIS_LAKE_ROOT="$(EVAL_LAKE)" $(PY) -m spark_jobs.replay --data $(DATA) $(if $(INPUT),--input '$(INPUT)') \
+		$(if $(SAMPLE),--sample-fraction $(SAMPLE)) $(ARGS)
 
 serve: install
 	$(PY) -m feature_store.serve $(ARGS)
@@ -66,4 +81,4 @@ bench-ingest: install
 	$(PY) benchmarks/bench_ingest.py
 
 clean:
-	rm -rf lake data benchmarks/out .pytest_cache airflow
+	rm -rf lake lake-eval data benchmarks/out .pytest_cache airflow
