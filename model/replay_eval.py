@@ -153,10 +153,11 @@ def evaluate(cfg, rows_by_point: dict[str, pd.DataFrame], main: str, test_from, 
 
     def train(name: str, make) -> tuple[VerticalModel, np.ndarray]:
         log(f"  training {name}")
+        val = make("val")
         torch.manual_seed(vm_train.seed)  # the initial weights too, whatever ran before in this process
-        vm = VerticalModel(VMConfig(**sizes, use_fm_embedding="fm" in make("val"), fm_dim=dim))
-        fit(vm, kd_loss(ec.kd_alpha) if "teacher" in make("val") else bce_loss, make("train"), make("val"),
-            vm_train, lambda *_: None)
+        vm = VerticalModel(VMConfig(**sizes, use_fm_embedding="fm" in val, fm_dim=dim))
+        fit(vm, kd_loss(ec.kd_alpha) if "teacher" in val else bce_loss, make("train"), val, vm_train,
+            lambda *_: None)
         return vm, sigmoid(infer(vm, vm, make("test"), device=device))
 
     models, preds = {}, {}

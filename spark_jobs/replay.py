@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
+import numpy as np
 from pyspark.sql import functions as F
 
 from feature_store.resolution import TIERS
@@ -116,8 +117,6 @@ def lookup_latency(tables_root: Path, rows, requests: int = 2000) -> dict:
         t = time.perf_counter()
         store.lookup(user, items, ts.to_pydatetime())
         times.append(1000 * (time.perf_counter() - t))
-    import numpy as np
-
     return {"requests": len(times), "p50": float(np.percentile(times, 50)) if times else float("nan"),
             "p99": float(np.percentile(times, 99)) if times else float("nan"),
             "snapshot_run_id": store.status()["snapshot_run_id"]}

@@ -22,9 +22,9 @@ def pct(x: float, digits: int = 1, sign: bool = False) -> str:
     return f"{100 * x:+.{digits}f}%" if sign else f"{100 * x:.{digits}f}%"
 
 
-def per_hour(point: dict, key: str, w: dict) -> float:
-    cycles = [c for c in point["cycles"]]
-    return sum(c[key] for c in cycles) / max(len(cycles), 1)
+def per_hour(point: dict, key: str) -> float:
+    """Mean of a precompute counter over the replay's hourly cycles."""
+    return sum(c[key] for c in point["cycles"]) / max(len(point["cycles"]), 1)
 
 
 def served_per_hour(point: dict, w: dict) -> float:
@@ -74,8 +74,8 @@ def markdown(r: dict) -> str:
         out.append(f"| {100 * p['budget']:g}% | {p['ttl_hours']:g} h | "
                    + " | ".join(pct(p["coverage"].get(t, 0.0)) for t in TIERS)
                    + f" | {e['ne']:.4f} | {e['ne_vs_vm_pct']:+.2f}% | {pct(e['transfer_ratio'], 0)} | "
-                     f"{per_hour(p, 'pairs_embedded', w):,.0f} | {p['seconds']:.0f} |")
-    solaris, spec, online = (per_hour(main, "pairs_embedded", w), per_hour(main, "pairs_scored", w),
+                     f"{per_hour(p, 'pairs_embedded'):,.0f} | {p['seconds']:.0f} |")
+    solaris, spec, online = (per_hour(main, "pairs_embedded"), per_hour(main, "pairs_scored"),
                              served_per_hour(main, w))
     lk, fm = r["lookup_ms"], v["fm_online_ms"]
     out += ["", "## FM inferences per hour (setting " + r["main"] + ")", "",
