@@ -16,6 +16,7 @@ COPY include include
 COPY feature_store feature_store
 COPY spark_jobs spark_jobs
 COPY model model
+COPY experiments experiments
 COPY dags dags
 RUN pip install --no-cache-dir --no-deps -e . \
     && SOLARIS_LAKE_ROOT=/tmp/bake python -c "from include.config import load_config; from include.spark import get_spark; get_spark(load_config()).stop()" \

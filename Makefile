@@ -37,7 +37,7 @@ demo: install
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# Replay evaluation (spark_jobs/replay.py) in a lake of its own per data set. The real logs default
+# Replay evaluation (experiments/replay.py) in a lake of its own per data set. The real logs default
 # to ../shared/datasets; Globo replays the whole histories of 5% of its users (SAMPLE=1: all).
 DATA ?= synthetic
 INPUT_mind  := ../shared/datasets/mind_small_subset
@@ -48,7 +48,7 @@ SAMPLE ?= $(SAMPLE_$(DATA))
 EVAL_LAKE ?= lake-eval/$(DATA)
 
 evaluate: install
-	SOLARIS_LAKE_ROOT="$(EVAL_LAKE)" $(PY) -m spark_jobs.replay --data $(DATA) $(if $(INPUT),--input '$(INPUT)') \
+	SOLARIS_LAKE_ROOT="$(EVAL_LAKE)" $(PY) -m experiments.replay --data $(DATA) $(if $(INPUT),--input '$(INPUT)') \
 		$(if $(SAMPLE),--sample-fraction $(SAMPLE)) $(ARGS)
 
 serve: install

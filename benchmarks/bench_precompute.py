@@ -36,21 +36,21 @@ def main(argv=None) -> int:
     from include import synthetic
     from include.config import SolarisConfig
     from include.spark import get_spark
-    from model import evaluate
+    from model import registry, training
     from model.inference import fm_codes, vm_scores
     from spark_jobs import ingest_clicklog as ic
     from spark_jobs import precompute
 
     shutil.rmtree(a.lake, ignore_errors=True)
     cfg = SolarisConfig().with_overrides(lake={"root": a.lake}, spark={"master": "local[2]"},
-                                         precompute={"device": "cpu"})
+                                         models={"device": "cpu"})
     spark = get_spark(cfg)
     scfg = synthetic.SyntheticConfig(hours=a.hours)
     log = Path(a.lake).parent / "precompute_clicks.csv"
     synthetic.write_csv(synthetic.generate(scfg), log)
     ic.ingest(spark, cfg, str(log), ic.spec_from_args(ic.parse_args(["--input", str(log), "--source", "synthetic"]), cfg))
-    evaluate.run(cfg, "synthetic", evaluate.QUICK, log=lambda *_: None)
-    models = precompute.resolve_models(cfg)
+    training.train_all(cfg, "synthetic", training.QUICK, log=lambda *_: None)
+    models = registry.resolve_models(cfg)
     end = datetime.fromisoformat(scfg.start) + timedelta(hours=a.hours)
 
     rows = []

@@ -13,7 +13,14 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import Param, dag, task
 
-from include.orchestration import DEFAULT_ARGS, publish_to_redis, spark_job, write_spark_properties
+from include.orchestration import DEFAULT_ARGS, spark_job, write_spark_properties
+
+
+@task(task_id="publish_redis")
+def publish_redis() -> str:
+    from feature_store.redis_store import publish_task
+
+    return publish_task()
 
 
 @dag(
@@ -35,7 +42,7 @@ def solaris_backfill():
     spark_properties = task(write_spark_properties, task_id="spark_properties")()
     backfill = spark_job("backfill", "backfill", "--start", "{{ params.start }}", "--end", "{{ params.end }}",
                          "--stages", "{{ params.stages }}")
-    spark_properties >> backfill >> task(publish_to_redis, task_id="publish_redis")()
+    spark_properties >> backfill >> publish_redis()
 
 
 solaris_backfill()

@@ -24,7 +24,14 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import CronDataIntervalTimetable, dag, task
 
-from include.orchestration import DEFAULT_ARGS, END, START, publish_to_redis, spark_job, write_spark_properties
+from include.orchestration import DEFAULT_ARGS, END, START, spark_job, write_spark_properties
+
+
+@task(task_id="publish_redis")
+def publish_redis() -> str:
+    from feature_store.redis_store import publish_task
+
+    return publish_task()
 
 
 @dag(
@@ -44,12 +51,12 @@ def solaris_precompute():
     stages = [
         spark_job("validate_requests", "validate", "requests", "--start", START, "--end", END),
         spark_job("resolve_features", "resolve_features", "--start", START, "--end", END),
-        spark_job("precompute", "precompute", "--end", END),
-        spark_job("user_means", "user_means", "--end", END),
-        spark_job("user_neighbors", "user_neighbors", "--end", END),
-        spark_job("validate_features", "validate", "features", "--end", END),
-        spark_job("publish", "publish", "--end", END),
-        task(publish_to_redis, task_id="publish_redis")(),
+        spark_job("precompute", "precompute", "--at", END),
+        spark_job("user_means", "user_means", "--at", END),
+        spark_job("user_neighbors", "user_neighbors", "--at", END),
+        spark_job("validate_features", "validate", "features", "--at", END),
+        spark_job("publish", "publish", "--at", END),
+        publish_redis(),
     ]
     prev = spark_properties
     for stage in stages:

@@ -2,7 +2,7 @@
 ### solaris_train (daily)
 
 Retrains the FM, the autoencoder and the VM variants on what the lake holds
-(`model.evaluate.run`: time-ordered 70/15/15 split, on the GPU when there is one), writes the
+(`model.training.train_all`: time-ordered 70/15/15 split, on the GPU when there is one), writes the
 evaluation report beside the lake, then **gates** each new version (`model/promotion.py`): it is
 promoted only if it is not worse than the promoted version on its held-out split (lower NE; lower
 reconstruction MSE for the autoencoder; `tolerance` param, default 0). Every decision is logged
@@ -18,16 +18,16 @@ from include.orchestration import DEFAULT_ARGS
 
 
 @task
-def train(quick: bool) -> dict:
+def train(sizes: str) -> dict:
     from pathlib import Path
 
     from include.config import load_config
-    from model import evaluate
+    from model import training
 
     cfg = load_config()
-    result = evaluate.run(cfg, None, evaluate.QUICK if quick else evaluate.EvalConfig())
-    evaluate.write_report(result, cfg.lake.root_path / "reports")
-    print(evaluate.to_markdown(result))
+    result = training.train_all(cfg, None, training.model_set(sizes))
+    training.write_report(result, cfg.lake.root_path / "reports")
+    print(training.to_markdown(result))
     return {k: str(Path(v)) for k, v in result["models"].items()}
 
 
@@ -52,11 +52,11 @@ def promote(saved: dict, tolerance: float) -> list[dict]:
     tags=["solaris", "training", "daily"],
     doc_md=__doc__,
     render_template_as_native_obj=True,  # params reach the tasks as bool and float, not strings
-    params={"quick": Param(False, type="boolean", description="tiny models (smoke runs)"),
+    params={"sizes": Param("full", enum=["quick", "full"], description="model sizes: full, or quick for smoke runs"),
             "tolerance": Param(0.0, type="number", description="promote if at most this much worse")},
 )
 def solaris_train():
-    promote(train("{{ params.quick }}"), "{{ params.tolerance }}")
+    promote(train("{{ params.sizes }}"), "{{ params.tolerance }}")
 
 
 solaris_train()

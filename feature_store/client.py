@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from feature_store.resolution import TIERS
-from feature_store.serve import BINARY_TYPE, decode_binary
+from feature_store.wire import BINARY_TYPE, decode_binary
 
 
 class LookupFailed(RuntimeError):

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from feature_store.resolution import EXACT, Snapshot
+from feature_store.store import LookupStore
 
 log = logging.getLogger("solaris.online")
 
@@ -121,7 +122,7 @@ class _State:
     loaded_at: float = field(default_factory=time.time)
 
 
-class OnlineStore:
+class OnlineStore(LookupStore):
     """Lookups on the newest published snapshot, with background reload and miss recording."""
 
     def __init__(self, tables_root: str | Path, dim: int | None = None, poll_seconds: float = 5.0,

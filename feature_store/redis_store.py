@@ -31,6 +31,7 @@ from datetime import datetime, timezone
 import numpy as np
 
 from feature_store.resolution import NONE, Snapshot
+from feature_store.store import LookupStore
 
 SEP = "\x1f"
 
@@ -84,7 +85,7 @@ def publish(snapshot: Snapshot, redis, prefix: str = "solaris", grace_seconds: i
             "users_with_neighbors": int(len(has_nb)), "old_keys_expiring": expired}
 
 
-class RedisStore:
+class RedisStore(LookupStore):
     """The lookup interface of OnlineStore (lookup, status, stop), reading Redis."""
 
     def __init__(self, url: str = "redis://127.0.0.1:6379/0", prefix: str = "solaris", pointer_seconds: float = 1.0):
@@ -175,25 +176,45 @@ class RedisStore:
         self.redis.close()
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="redis_store", description="Publish the newest snapshot to Redis.")
-    p.add_argument("--config", help="SOLARIS TOML config (the lake root)")
-    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
-    p.add_argument("--prefix", default="solaris")
-    a = p.parse_args(sys.argv[1:] if argv is None else argv)
-
+def publish_latest(cfg, url: str | None = None, prefix: str | None = None) -> dict:
+    """Copy the lake's newest publication to Redis (``[redis]`` url and prefix unless given); its counts.
+    ``LookupError`` when nothing is published yet."""
     import redis
 
     from feature_store.online import latest_publication
+
+    tables = cfg.lake.tables_path
+    pub = latest_publication(tables)
+    if pub is None:
+        raise LookupError(f"nothing published under {tables} yet")
+    snap = Snapshot.load(tables, pub.versions, run_id=pub.run_id)
+    return publish(snap, redis.Redis.from_url(url or cfg.redis.url), prefix or cfg.redis.prefix)
+
+
+def publish_task() -> str:
+    """The DAGs' publish_redis task: publish when ``[redis] publish`` is on (``SOLARIS_REDIS_URL`` set); else say so."""
     from include.config import load_config
 
-    cfg = load_config(a.config)
-    pub = latest_publication(cfg.lake.tables_path)
-    if pub is None:
-        print(f"nothing published under {cfg.lake.tables_path} yet", file=sys.stderr)
+    cfg = load_config()
+    if not cfg.redis.publish:
+        return "[redis] publish is off (SOLARIS_REDIS_URL is not set): the embedded lookup serves the lake directly"
+    return str(publish_latest(cfg))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m feature_store.redis_store", description="Publish the newest snapshot to Redis.")
+    p.add_argument("--config", help="SOLARIS TOML config (the lake root, [redis])")
+    p.add_argument("--redis-url", help="default: [redis] url")
+    p.add_argument("--prefix", help="default: [redis] prefix")
+    a = p.parse_args(sys.argv[1:] if argv is None else argv)
+
+    from include.config import load_config
+
+    try:
+        print(publish_latest(load_config(a.config), a.redis_url, a.prefix))
+    except LookupError as e:
+        print(e, file=sys.stderr)
         return 2
-    snap = Snapshot.load(cfg.lake.tables_path, pub.versions, run_id=pub.run_id)
-    print(publish(snap, redis.Redis.from_url(a.redis_url), a.prefix))
     return 0
 
 

@@ -30,8 +30,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-TIERS = ("exact", "user_mean", "neighbor", "none")
-EXACT, USER_MEAN, NEIGHBOR, NONE = range(4)
+from model.tiers import EXACT, NEIGHBOR, NONE, TIERS, USER_MEAN  # noqa: F401  (re-exported for readers)
+
 _NEVER = np.iinfo(np.int64).min  # expires_at of "no row": never valid
 _EPOCH, _MICRO = datetime(1970, 1, 1), timedelta(microseconds=1)
 

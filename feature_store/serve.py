@@ -6,7 +6,7 @@ Endpoints (all on loopback by default):
 
 - ``POST /v1/lookup`` with JSON ``{"user_id": "u1", "item_ids": ["i1", ...], "now": "2026-01-05T10:00:00"}``
   (``now`` optional, UTC; default the clock). Answers JSON ``{"snapshot", "dim", "tiers", "embeddings"}``,
-  or with ``Accept: application/octet-stream`` a compact binary body (``encode_binary``).
+  or with ``Accept: application/octet-stream`` a compact binary body (``feature_store.wire.encode_binary``).
 - ``GET /healthz`` (the process answers), ``GET /readyz`` (503 until a published snapshot is loaded),
   ``GET /metrics`` (Prometheus text: requests by status, latency histogram, tiers served, snapshot
   version and age, misses, reloads), ``GET /v1/status`` (the same as JSON).
@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import struct
 import sys
 import threading
 import time
@@ -31,28 +30,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 
 from feature_store.resolution import TIERS
+from feature_store.wire import BINARY_TYPE, encode_binary
 
-MAGIC = b"SLR1"
-BINARY_TYPE = "application/octet-stream"
 LATENCY_BUCKETS_MS = (0.25, 0.5, 1, 2, 5, 10, 25, 50, 100, 250, 1000)
-
-
-def encode_binary(embeddings: np.ndarray, tiers: np.ndarray) -> bytes:
-    """16-byte header (b'SLR1', uint32 n, uint32 dim, uint32 0; little-endian), n uint8 tier codes
-    (index into TIERS), zero padding to a multiple of 4, then n * dim float32 little-endian."""
-    n, dim = embeddings.shape
-    pad = (-n) % 4
-    return b"".join([MAGIC, struct.pack("<III", n, dim, 0), tiers.astype(np.uint8).tobytes(), b"\0" * pad,
-                     np.ascontiguousarray(embeddings, dtype="<f4").tobytes()])
-
-
-def decode_binary(body: bytes) -> tuple[np.ndarray, np.ndarray]:
-    if body[:4] != MAGIC:
-        raise ValueError("not a SOLARIS binary lookup response")
-    n, dim, _ = struct.unpack("<III", body[4:16])
-    tiers = np.frombuffer(body, np.uint8, n, 16)
-    start = 16 + n + (-n) % 4
-    return np.frombuffer(body, "<f4", n * dim, start).reshape(n, dim), tiers
 
 
 class BadRequest(Exception):
@@ -220,33 +200,38 @@ class LookupServer(ThreadingHTTPServer):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="serve", description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", help="SOLARIS TOML config (the lake root)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8765)
-    p.add_argument("--poll-seconds", type=float, default=5.0, help="how often to look for a new publication")
-    p.add_argument("--max-items", type=int, default=1000)
-    p.add_argument("--max-body-bytes", type=int, default=1 << 20)
+    p = argparse.ArgumentParser(prog="python -m feature_store.serve", description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", help="SOLARIS TOML config (the lake root, [serve], [redis]); flags override it")
+    p.add_argument("--host", help="default: [serve] host (127.0.0.1)")
+    p.add_argument("--port", type=int, help="default: [serve] port (8765)")
+    p.add_argument("--poll-seconds", type=float, help="how often to look for a new publication ([serve] poll_seconds)")
+    p.add_argument("--max-items", type=int, help="[serve] max_items")
+    p.add_argument("--max-body-bytes", type=int, help="[serve] max_body_bytes")
     p.add_argument("--no-record-misses", action="store_true", help="do not append misses to miss_queue")
-    p.add_argument("--backend", choices=["embedded", "redis"], default="embedded")
-    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    p.add_argument("--backend", choices=["embedded", "redis"], help="[serve] backend")
+    p.add_argument("--redis-url", help="[redis] url")
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from include.config import load_config
 
     cfg = load_config(a.config)
-    if a.backend == "redis":
+    flags = {"host": a.host, "port": a.port, "poll_seconds": a.poll_seconds, "max_items": a.max_items,
+             "max_body_bytes": a.max_body_bytes, "backend": a.backend,
+             "record_misses": False if a.no_record_misses else None}
+    cfg = cfg.with_overrides(serve={k: v for k, v in flags.items() if v is not None},
+                             redis={"url": a.redis_url} if a.redis_url else {})
+    sc = cfg.serve
+    if sc.backend == "redis":
         from feature_store.redis_store import RedisStore
 
-        store = RedisStore(a.redis_url)
+        store = RedisStore(cfg.redis.url, prefix=cfg.redis.prefix)
     else:
         from feature_store.online import OnlineStore
 
-        store = OnlineStore(cfg.lake.tables_path, poll_seconds=a.poll_seconds,
-                            record_misses=not a.no_record_misses).start()
-    server = LookupServer(store, a.host, a.port, a.max_items, a.max_body_bytes)
-    print(f"SOLARIS lookup on {server.url} ({a.backend}; snapshot {store.status()['snapshot_run_id'] or 'none yet'})",
+        store = OnlineStore(cfg.lake.tables_path, poll_seconds=sc.poll_seconds, record_misses=sc.record_misses).start()
+    server = LookupServer(store, sc.host, sc.port, sc.max_items, sc.max_body_bytes)
+    print(f"SOLARIS lookup on {server.url} ({sc.backend}; snapshot {store.status()['snapshot_run_id'] or 'none yet'})",
           flush=True)
     try:
         server.serve_forever()

@@ -290,7 +290,7 @@ COVERAGE_REPORT = TableSpec(
 
 COVERAGE_SWEEP = TableSpec(
     name="coverage_sweep",
-    description="Coverage by tier of one replay per precompute setting (budget, embedding TTL): spark_jobs/coverage_sweep.py.",
+    description="Coverage by tier of one replay per precompute setting (budget, embedding TTL): experiments/coverage_sweep.py.",
     columns=(
         ("point", "STRING", "the setting, e.g. budget0.2_ttl6h"),
         ("budget", "DOUBLE", "share of scored pairs precomputed per run"),

@@ -1,5 +1,8 @@
 """Command-line plumbing the per-interval Spark jobs share: times as the jobs take them, and the
-``--end t [--config F]`` entry point (load the config, start the session, run, print)."""
+``--at t [--config F]`` entry point (load the config, start the session, run, print).
+
+One vocabulary for every entry point: ``--at T`` is a run's time t (the end of the hour it
+processes); ``--start S --end E`` is always a half-open range [S, E) of request times."""
 
 from __future__ import annotations
 
@@ -24,18 +27,26 @@ def print_counters(title: str, counters: dict) -> None:
         print(f"  {k:<24} {v:>12,}" if isinstance(v, int) else f"  {k:<24} {v}")
 
 
-def run_at_end(argv: list[str] | None, prog: str, description: str, run: Callable[[Any, Any, datetime], Any],
-               show: Callable[[Any], None]) -> int:
-    """``prog --end t [--config F]``: ``show(run(spark, cfg, t))``."""
-    p = argparse.ArgumentParser(prog=prog, description=description)
-    p.add_argument("--end", required=True, help="the run's time t (UTC, ISO), e.g. 2026-01-05T12:00:00")
+AT_HELP = "the run's time t (UTC, ISO), e.g. 2026-01-05T12:00:00: the run processes the hour before it"
+
+
+def prog(module: str) -> str:
+    """An entry point's name as a user types it: ``python -m spark_jobs.precompute``."""
+    return f"python -m {module}"
+
+
+def run_at_time(argv: list[str] | None, module: str, description: str, run: Callable[[Any, Any, datetime], Any],
+                show: Callable[[Any], None]) -> int:
+    """``python -m <module> --at t [--config F]``: ``show(run(spark, cfg, t))``."""
+    p = argparse.ArgumentParser(prog=prog(module), description=description)
+    p.add_argument("--at", required=True, help=AT_HELP)
     p.add_argument("--config", help="SOLARIS TOML config")
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
 
     from include.config import load_config
     from include.spark import get_spark
 
-    t = parse_time(a.end)
+    t = parse_time(a.at)
     cfg = load_config(a.config)
     show(run(get_spark(cfg), cfg, t))
     return 0

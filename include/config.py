@@ -3,7 +3,7 @@
 Defaults run the embedded setup: local Spark, a Delta lake under ./lake, a Derby metastore
 beside it. A TOML file (``--config`` or ``SOLARIS_CONFIG``) overrides any field; unknown keys
 are rejected so a typo never silently falls back to a default. Only deployment values come
-from the environment: ``SOLARIS_LAKE_ROOT`` and ``SOLARIS_SPARK_MASTER``.
+from the environment; ``ENVIRONMENT`` lists every variable the code reads.
 """
 
 from __future__ import annotations
@@ -18,6 +18,16 @@ from typing import Any
 
 class ConfigError(ValueError):
     """A configuration file or value that SOLARIS cannot use."""
+
+
+# Every environment variable SOLARIS reads, and what it sets. Nothing else is read from the environment.
+ENVIRONMENT = {
+    "SOLARIS_CONFIG": "path of the TOML config file (when no --config is given)",
+    "SOLARIS_LAKE_ROOT": "[lake] root: where the tables, the metastore and the models live",
+    "SOLARIS_SPARK_MASTER": "[spark] master: local[*], spark://host:7077, yarn, k8s://...",
+    "SOLARIS_REDIS_URL": "[redis] url; set, the DAGs publish each snapshot to Redis",
+    "SOLARIS_SPARK_CONN_ID": "the Airflow connection the DAGs submit Spark jobs through (default solaris_spark)",
+}
 
 
 @dataclass(frozen=True)
@@ -69,6 +79,14 @@ class ClickLogConfig:
     pool_size: int = 50  # K negatives are drawn from the pool of the window's most clicked items
     seed: int = 7
 
+    def __post_init__(self):
+        if self.negatives_per_click < 0:
+            raise ConfigError("[clicklog] negatives_per_click must be >= 0")
+        if self.window_hours < 1:
+            raise ConfigError("[clicklog] window_hours must be >= 1")
+        if self.pool_size < self.negatives_per_click:
+            raise ConfigError("[clicklog] pool_size must be >= negatives_per_click")
+
 
 @dataclass(frozen=True)
 class QualityConfig:
@@ -93,11 +111,61 @@ class PrecomputeConfig:
     fresh_margin_minutes: int = 60  # a stored embedding fresh past t + margin is not recomputed
     vacuum_retention_hours: int = 168  # Delta VACUUM keeps files this long: as-of resolution time-travels
     vacuum_every_hours: int = 24  # VACUUM at interval ends that are a multiple of this many UTC hours; 0 never
-    models_root: str = ""  # default: <lake root>/models
-    vm_version: str = "latest"  # verifier: a registry version, "latest" or "promoted"
+
+    def __post_init__(self):
+        if not 0 < self.budget <= 1:
+            raise ConfigError(f"[precompute] budget must be in (0, 1], got {self.budget}")
+        if self.selection not in ("global", "per_user"):
+            raise ConfigError(f"[precompute] selection must be 'global' or 'per_user', got {self.selection!r}")
+        if self.lookback_hours <= 0:
+            raise ConfigError("[precompute] lookback_hours must be > 0")
+
+
+@dataclass(frozen=True)
+class ModelsConfig:
+    """The model set: where the registry is, which versions the jobs run, how big training makes them."""
+
+    root: str = ""  # the registry; default: <lake root>/models
+    sizes: str = "quick"  # what training builds: "quick" (small, CPU minutes) or "full" (model/training.py)
+    vm_version: str = "latest"  # verifier: a registry version (v0003), "latest" or "promoted"
     fm_version: str = "latest"
     ae_version: str = "latest"
-    device: str = "auto"  # FM inference device: auto (CUDA when present), cpu, cuda
+    device: str = "auto"  # training and FM inference: auto (CUDA when present), cpu, cuda
+
+    def __post_init__(self):
+        if self.sizes not in MODEL_SIZES:
+            raise ConfigError(f"[models] sizes must be one of {', '.join(MODEL_SIZES)}, got {self.sizes!r}")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ConfigError(f"[models] device must be auto, cpu or cuda[:N], got {self.device!r}")
+
+
+MODEL_SIZES = ("quick", "full")  # the one spelling of model sizes, in config and on every command line
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """The online lookup service (feature_store/serve.py)."""
+
+    host: str = "127.0.0.1"  # loopback by default: expose it deliberately
+    port: int = 8765
+    backend: str = "embedded"  # "embedded" (snapshot of the lake in process) or "redis" ([redis] url)
+    poll_seconds: float = 5.0  # how often the embedded store looks for a new publication
+    max_items: int = 1000  # candidates per request
+    max_body_bytes: int = 1 << 20
+    record_misses: bool = True  # append misses to miss_queue, for the next precompute run
+
+    def __post_init__(self):
+        if self.backend not in ("embedded", "redis"):
+            raise ConfigError(f"[serve] backend must be 'embedded' or 'redis', got {self.backend!r}")
+
+
+@dataclass(frozen=True)
+class RedisConfig:
+    """Redis as the shared online backend (feature_store/redis_store.py)."""
+
+    url: str = "redis://127.0.0.1:6379/0"
+    prefix: str = "solaris"  # namespaces are <prefix>:<run_id>, the pointer <prefix>:current
+    publish: bool = False  # the DAGs copy each published snapshot to Redis (SOLARIS_REDIS_URL turns it on)
 
 
 @dataclass(frozen=True)
@@ -110,8 +178,9 @@ class FallbackConfig:
     neighbors_k: int = 10
     neighbor_ttl_hours: float = 24.0
     exact_search_max: int = 50_000  # FAISS: exact search up to this many lenders, HNSW above
-    hnsw_m: int = 32
-    hnsw_ef_search: int = 128
+    hnsw_m: int = 32  # HNSW graph degree
+    hnsw_ef_construction: int = 80
+    hnsw_ef_search: int = 128  # search breadth: recall against speed
     recall_sample: int = 1_000  # queries checked against exact search for the reported recall@k
 
 
@@ -123,11 +192,13 @@ class SolarisConfig:
     quality: QualityConfig = field(default_factory=QualityConfig)
     precompute: PrecomputeConfig = field(default_factory=PrecomputeConfig)
     fallback: FallbackConfig = field(default_factory=FallbackConfig)
+    models: ModelsConfig = field(default_factory=ModelsConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
+    redis: RedisConfig = field(default_factory=RedisConfig)
 
     @property
     def models_root(self) -> Path:
-        return Path(self.precompute.models_root).expanduser().resolve() if self.precompute.models_root \
-            else self.lake.root_path / "models"
+        return Path(self.models.root).expanduser().resolve() if self.models.root else self.lake.root_path / "models"
 
     def with_overrides(self, **sections: dict[str, Any]) -> "SolarisConfig":
         """A copy with some fields replaced, e.g. ``cfg.with_overrides(lake={"root": "/tmp/x"})``."""
@@ -151,6 +222,8 @@ def load_config(path: str | os.PathLike | None = None, env: dict[str, str] | Non
         data = _merge(data, {"lake": {"root": env["SOLARIS_LAKE_ROOT"]}})
     if env.get("SOLARIS_SPARK_MASTER"):
         data = _merge(data, {"spark": {"master": env["SOLARIS_SPARK_MASTER"]}})
+    if env.get("SOLARIS_REDIS_URL"):
+        data = _merge(data, {"redis": {"url": env["SOLARIS_REDIS_URL"], "publish": True}})
     return _build(SolarisConfig, data, "")
 
 

@@ -58,22 +58,3 @@ def spark_job(task_id: str, job: str, *args: str, **kwargs):
         name=f"solaris-{task_id}",
         **kwargs,
     )
-
-
-def publish_to_redis() -> str:
-    """Task body: copy the newest snapshot to Redis when ``SOLARIS_REDIS_URL`` is set; else say so."""
-    url = os.environ.get("SOLARIS_REDIS_URL")
-    if not url:
-        return "SOLARIS_REDIS_URL is not set: the embedded lookup serves the lake directly"
-    import redis
-
-    from feature_store.online import latest_publication
-    from feature_store.redis_store import publish
-    from feature_store.resolution import Snapshot
-    from include.config import load_config
-
-    tables = load_config().lake.tables_path
-    pub = latest_publication(tables)
-    if pub is None:
-        raise RuntimeError(f"nothing published under {tables}")
-    return str(publish(Snapshot.load(tables, pub.versions, run_id=pub.run_id), redis.Redis.from_url(url)))

@@ -60,7 +60,7 @@ def sample(paths: list[str], out: Path, fraction: float, user_column: str) -> tu
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="include.sample", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m include.sample", description=__doc__.split("\n\n")[0])
     p.add_argument("--input", required=True, help="a CSV file or a glob of them (quote it)")
     p.add_argument("--out", required=True, type=Path, help="output CSV (.csv or .csv.gz)")
     p.add_argument("--fraction", type=float, required=True, help="share of users kept, in (0, 1]")

@@ -120,7 +120,7 @@ if __name__ == "__main__":  # python -m include.spark [--out PATH]: write the pr
 
     from include.config import load_config
 
-    parser = argparse.ArgumentParser(prog="include.spark", description=write_properties.__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m include.spark", description=write_properties.__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, help="default: <lake root>/spark-solaris.conf")
     parser.add_argument("--config", help="SOLARIS TOML config")
     a = parser.parse_args()

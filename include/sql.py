@@ -46,7 +46,7 @@ def run(spark, statement: str, max_rows: int = 50, as_json: bool = False) -> int
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="include.sql", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m include.sql", description=__doc__.split("\n\n")[0])
     p.add_argument("query", nargs="?", help="one SQL statement")
     p.add_argument("--file", help="a .sql file of statements separated by ';'")
     p.add_argument("--max-rows", type=int, default=50)

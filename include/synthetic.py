@@ -117,7 +117,7 @@ def write_csv(columns: dict[str, np.ndarray], path: str | Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="synthetic", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m include.synthetic", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="CSV file to write")
     defaults = SyntheticConfig()
     for name in ("users", "items", "hours", "seed"):

@@ -39,7 +39,7 @@ def _dataset(cfg, table: str) -> ds.Dataset:
         raise FileNotFoundError(f"table {table} not found at {path}: ingest a log first") from e
 
 
-def _read(cfg, table: str, columns: list[str], source: str | None) -> pd.DataFrame:
+def read_table(cfg, table: str, columns: list[str], source: str | None) -> pd.DataFrame:
     flt = pc.field("source") == source if source else None
     return _dataset(cfg, table).to_table(columns=columns, filter=flt).to_pandas()
 
@@ -48,7 +48,7 @@ def load(cfg, source: str | None = None, until=None) -> tuple[pd.DataFrame, pd.D
     """(requests with known labels, user events, items) of one source (all sources when None).
     ``until``: only requests before this time (a training period that ends where a replay starts);
     events stay whole, since every example reads only the events strictly before its request."""
-    requests = _read(cfg, "request_log", REQUEST_COLUMNS, source)
+    requests = read_table(cfg, "request_log", REQUEST_COLUMNS, source)
     keep = requests["label"].notna()
     if until is not None:
         keep &= utc_naive(requests["ts"]) < pd.Timestamp(until)
@@ -62,8 +62,8 @@ def load(cfg, source: str | None = None, until=None) -> tuple[pd.DataFrame, pd.D
 
 def events_and_items(cfg, source: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(user events, items) of one source (all sources when None): the histories every model reads."""
-    return _read(cfg, "user_events", ["user_id", "item_id", "ts"], source), \
-        _read(cfg, "items", ["item_id", "category"], source)
+    return read_table(cfg, "user_events", ["user_id", "item_id", "ts"], source), \
+        read_table(cfg, "items", ["item_id", "category"], source)
 
 
 def utc_naive(ts: pd.Series) -> pd.Series:

@@ -5,23 +5,14 @@ index is exact (``IndexFlatIP``); above it, HNSW (``IndexHNSWFlat``, inner produ
 no training pass and keeps recall high at a fraction of the exact cost. Whatever the index,
 ``recall_at_k`` measures it against exact search on a sample of queries, so the job can report
 what the approximation costs instead of assuming it.
+
+``cfg`` is the ``[fallback]`` config section (include/config.py ``FallbackConfig``): neighbors_k,
+exact_search_max, hnsw_m, hnsw_ef_construction, hnsw_ef_search, recall_sample.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
-
-
-@dataclass(frozen=True)
-class KNNConfig:
-    k: int = 10
-    exact_max: int = 50_000  # above this many indexed users, HNSW instead of exact search
-    hnsw_m: int = 32  # HNSW graph degree
-    hnsw_ef_construction: int = 80
-    hnsw_ef_search: int = 128  # search breadth: recall against speed
-    recall_sample: int = 1_000  # queries checked against exact search
 
 
 def normalize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -34,12 +25,12 @@ def normalize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return out, ok
 
 
-def build_index(vectors: np.ndarray, cfg: KNNConfig):
-    """The index for unit ``vectors`` (N, d): exact up to ``cfg.exact_max``, HNSW above."""
+def build_index(vectors: np.ndarray, cfg):
+    """The index for unit ``vectors`` (N, d): exact up to ``cfg.exact_search_max``, HNSW above."""
     import faiss
 
     n, d = vectors.shape
-    if n <= cfg.exact_max:
+    if n <= cfg.exact_search_max:
         index = faiss.IndexFlatIP(d)
     else:
         index = faiss.IndexHNSWFlat(d, cfg.hnsw_m, faiss.METRIC_INNER_PRODUCT)
@@ -72,7 +63,7 @@ def recall_at_k(index, vectors: np.ndarray, queries: np.ndarray, k: int) -> floa
     return hits / max(int((truth >= 0).sum()), 1)
 
 
-def neighbors(lender_vectors: np.ndarray, query_vectors: np.ndarray, self_index: np.ndarray, cfg: KNNConfig,
+def neighbors(lender_vectors: np.ndarray, query_vectors: np.ndarray, self_index: np.ndarray, cfg,
               seed: int = 0) -> tuple[np.ndarray, np.ndarray, dict]:
     """Top-k lenders of every query, excluding the query itself.
 
@@ -81,16 +72,16 @@ def neighbors(lender_vectors: np.ndarray, query_vectors: np.ndarray, self_index:
     Vectors must already be unit rows (``normalize``).
     """
     index = build_index(lender_vectors, cfg)
-    sims, ids = search(index, query_vectors, cfg.k + 1)  # one extra: the query may find itself
+    sims, ids = search(index, query_vectors, cfg.neighbors_k + 1)  # one extra: the query may find itself
     own = ids == self_index[:, None]
     # Drop the self match, then keep the first k of what remains in order.
     order = np.argsort(own, axis=1, kind="stable")
-    ids = np.take_along_axis(np.where(own, -1, ids), order, axis=1)[:, : cfg.k]
-    sims = np.take_along_axis(np.where(own, 0.0, sims), order, axis=1)[:, : cfg.k].astype(np.float32)
+    ids = np.take_along_axis(np.where(own, -1, ids), order, axis=1)[:, : cfg.neighbors_k]
+    sims = np.take_along_axis(np.where(own, 0.0, sims), order, axis=1)[:, : cfg.neighbors_k].astype(np.float32)
     sims[ids < 0] = 0.0
     rng = np.random.default_rng(seed)
     sample = rng.choice(len(query_vectors), size=min(cfg.recall_sample, len(query_vectors)), replace=False) \
         if len(query_vectors) else np.zeros(0, dtype=np.int64)
     stats = {"index": type(index).__name__, "indexed": int(index.ntotal), "queries": int(len(query_vectors)),
-             "recall_at_k": recall_at_k(index, lender_vectors, query_vectors[sample], cfg.k)}
+             "recall_at_k": recall_at_k(index, lender_vectors, query_vectors[sample], cfg.neighbors_k)}
     return ids, sims, stats

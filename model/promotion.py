@@ -4,7 +4,7 @@ the promoted version on its own held-out split.
 The rule is per model: lower NE for the FM and the VMs, lower reconstruction MSE for the
 autoencoder, within ``tolerance`` (0.0: not worse at all; 0.01: up to 1% worse). The first version
 of a model is promoted. Each decision is returned (and logged by the caller) with both values.
-Jobs that should only run promoted models set ``[precompute] vm_version = "promoted"`` (and the
+Jobs that should only run promoted models set ``[models] vm_version = "promoted"`` (and the
 same for fm_version, ae_version).
 
 Note the comparison is between each version's own test split: when the data window moves, the

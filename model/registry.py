@@ -110,3 +110,18 @@ def promote(root: Path, name: str, version: str) -> None:
     tmp = marker.with_suffix(".tmp")
     tmp.write_text(path.name)
     tmp.replace(marker)  # atomic: readers see the old or the new version, never neither
+
+
+def resolve_models(cfg) -> dict[str, str]:
+    """The model set a job runs, from the config's ``[models]`` section: {"vm", "fm", "autoencoder"}
+    -> version folder. Fails with ``FileNotFoundError`` before any work if one is missing."""
+    m, root = cfg.models, cfg.models_root
+    return {"vm": str(resolve(root, "vm", m.vm_version)),
+            "fm": str(resolve(root, "fm", m.fm_version)),
+            "autoencoder": str(resolve(root, "autoencoder", m.ae_version))}
+
+
+def code_dim(cfg) -> int:
+    """The stored embedding size: the configured autoencoder's code size."""
+    return int(read_json(resolve_models(cfg)["autoencoder"], "config.json")["config"]["code_dim"])
+

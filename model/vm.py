@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-TIERS = ("exact", "user_mean", "neighbor", "none")  # where a served FM embedding came from
-TIER_NONE = TIERS.index("none")
+from model.tiers import NONE as TIER_NONE  # noqa: F401  (the tier of a pair served nothing)
+from model.tiers import TIERS
 
 
 @dataclass(frozen=True)

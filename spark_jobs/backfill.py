@@ -32,7 +32,7 @@ def interval_ends(start, end, step_hours: float) -> list:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="backfill", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m spark_jobs.backfill", description=__doc__.split("\n\n")[0])
     p.add_argument("--start", required=True, help="first interval end (UTC, ISO)")
     p.add_argument("--end", required=True, help="last interval end (UTC, ISO), inclusive")
     p.add_argument("--step-hours", type=float, default=1.0)

@@ -15,29 +15,13 @@ the same input and seed always give the same requests, and position does not lea
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-
-@dataclass(frozen=True)
-class CandidateParams:
-    negatives_per_click: int = 9  # K
-    window_hours: int = 1  # W
-    pool_size: int = 50
-    seed: int = 7
-
-    def __post_init__(self):
-        if self.negatives_per_click < 0:
-            raise ValueError("negatives_per_click must be >= 0")
-        if self.window_hours < 1:
-            raise ValueError("window_hours must be >= 1")
-        if self.pool_size < self.negatives_per_click:
-            raise ValueError("pool_size must be >= negatives_per_click")
+from include.config import ClickLogConfig
 
 
-def popularity_pools(clicks: DataFrame, params: CandidateParams) -> DataFrame:
+def popularity_pools(clicks: DataFrame, params: ClickLogConfig) -> DataFrame:
     """(hour, pool) where pool holds the ``pool_size`` most clicked items of the W hours before ``hour``.
 
     ``clicks`` needs ``item_id`` and ``ts``. Ties break on item_id so the pool is deterministic.
@@ -54,7 +38,7 @@ def popularity_pools(clicks: DataFrame, params: CandidateParams) -> DataFrame:
             .select("hour", F.expr(f"transform(slice(ranked, 1, {params.pool_size}), r -> r.item_id)").alias("pool")))
 
 
-def clicks_to_requests(clicks: DataFrame, params: CandidateParams, source: str,
+def clicks_to_requests(clicks: DataFrame, params: ClickLogConfig, source: str,
                        prior_clicks: DataFrame | None = None) -> DataFrame:
     """One request per click, exploded to one row per candidate.
 

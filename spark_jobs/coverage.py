@@ -71,7 +71,7 @@ def table(rows: list[tuple]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="coverage", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m spark_jobs.coverage", description=__doc__.split("\n\n")[0])
     p.add_argument("--start", required=True, help="first request time (UTC, ISO)")
     p.add_argument("--end", required=True, help="last request time (UTC, ISO), exclusive")
     p.add_argument("--config", help="SOLARIS TOML config")

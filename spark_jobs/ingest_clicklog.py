@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from spark_jobs.candidates import CandidateParams, clicks_to_requests
+from spark_jobs.candidates import clicks_to_requests
 
 REQUIRED = ("user_id", "item_id", "ts")
 CONTEXT = ("surface", "device", "region", "referrer")
@@ -58,8 +58,6 @@ class ClickLogSpec:
     source: str
     mapping: dict[str, str] = field(default_factory=dict)  # SOLARIS column -> input column
     ts_unit: str = "ms"  # ms | s | iso
-    min_ts: str = "2000-01-01T00:00:00"
-    max_ts: str = "2100-01-01T00:00:00"
 
     def __post_init__(self):
         if self.ts_unit not in ("ms", "s", "iso"):
@@ -80,7 +78,7 @@ def _timestamp(col, unit: str):
     return F.try_to_timestamp(col)
 
 
-def parse_clicks(raw: DataFrame, spec: ClickLogSpec) -> DataFrame:
+def parse_clicks(raw: DataFrame, spec: ClickLogSpec, quality) -> DataFrame:
     """Raw string columns -> user_id, item_id, ts, context, raw, reason (null when the row is good).
 
     Pure: reasons are assigned in a fixed order, the first that applies wins.
@@ -98,8 +96,8 @@ def parse_clicks(raw: DataFrame, spec: ClickLogSpec) -> DataFrame:
               .when(blank("item_id"), F.lit("missing item_id"))
               .when(blank("ts"), F.lit("missing timestamp"))
               .when(ts.isNull(), F.concat(F.lit(f"unparsable timestamp ({spec.ts_unit}): "), src("ts")))
-              .when((ts < F.lit(spec.min_ts).cast("timestamp")) | (ts >= F.lit(spec.max_ts).cast("timestamp")),
-                    F.concat(F.lit(f"timestamp outside [{spec.min_ts}, {spec.max_ts}): "), ts.cast("string"))))
+              .when((ts < F.lit(quality.min_ts).cast("timestamp")) | (ts >= F.lit(quality.max_ts).cast("timestamp")),
+                    F.concat(F.lit(f"timestamp outside [{quality.min_ts}, {quality.max_ts}): "), ts.cast("string"))))
     return raw.select(src("user_id").alias("user_id"), src("item_id").alias("item_id"), ts.alias("ts"),
                       *[src(c).alias(c) for c in CONTEXT], raw_text.alias("raw"), reason.alias("reason"))
 
@@ -117,7 +115,7 @@ def mark_duplicates(parsed: DataFrame) -> DataFrame:
 
 def read_raw(spark, path: str, fmt: str) -> DataFrame:
     """Read every column as a string; CSV keeps lines it cannot split in _corrupt_record."""
-    _require_path(spark, path)
+    require_path(spark, path)
     if fmt == "parquet":
         df = spark.read.parquet(path)
         if not df.columns:
@@ -135,7 +133,7 @@ def read_raw(spark, path: str, fmt: str) -> DataFrame:
             .option("columnNameOfCorruptRecord", CORRUPT).schema(schema).csv(path))
 
 
-def _require_path(spark, path: str) -> None:
+def require_path(spark, path: str) -> None:
     jvm = spark.sparkContext._jvm
     hpath = jvm.org.apache.hadoop.fs.Path(path)
     fs = hpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
@@ -164,7 +162,7 @@ def ingest(spark, cfg, path: str, spec: ClickLogSpec, fmt: str = "csv"):
     raw = read_raw(spark, path, fmt)
     spec = check_columns(raw, spec, path)
     # Spark refuses queries over only _corrupt_record of an uncached CSV scan; cache once, read twice.
-    parsed = mark_duplicates(parse_clicks(raw, spec)).persist()
+    parsed = mark_duplicates(parse_clicks(raw, spec, cfg.quality)).persist()
     try:
         records_in = parsed.count()
         if records_in == 0:
@@ -172,8 +170,7 @@ def ingest(spark, cfg, path: str, spec: ClickLogSpec, fmt: str = "csv"):
         ingested_at = datetime.now(timezone.utc).replace(tzinfo=None)  # bookkeeping, not data selection
         bad = quarantine_rows(parsed.where(F.col("reason").isNotNull()), spec.source, path, ingested_at)
         clicks = parsed.where(F.col("reason").isNull()).drop("raw", "reason")
-        cl = cfg.clicklog
-        params = CandidateParams(cl.negatives_per_click, cl.window_hours, cl.pool_size, cl.seed)
+        params = cfg.clicklog
         prior = _prior_clicks(spark, cfg, spec.source, clicks, params)
         requests = clicks_to_requests(clicks, params, spec.source, prior)
         events = clicks.select("user_id", "item_id", "ts", F.lit("click").alias("event_type"),
@@ -184,7 +181,7 @@ def ingest(spark, cfg, path: str, spec: ClickLogSpec, fmt: str = "csv"):
         parsed.unpersist()
 
 
-def _prior_clicks(spark, cfg, source: str, clicks: DataFrame, params: CandidateParams) -> DataFrame | None:
+def _prior_clicks(spark, cfg, source: str, clicks: DataFrame, params) -> DataFrame | None:
     """Clicks of this source already in user_events from the W hours before this input starts."""
     from feature_store.tables import USER_EVENTS, qualified_name
 
@@ -201,7 +198,7 @@ def _prior_clicks(spark, cfg, source: str, clicks: DataFrame, params: CandidateP
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="ingest_clicklog", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m spark_jobs.ingest_clicklog", description=__doc__.split("\n\n")[0])
     p.add_argument("--input", required=True, help="file, folder or glob of CSV (optionally .gz) or Parquet")
     p.add_argument("--format", default="csv", choices=["csv", "parquet"])
     p.add_argument("--preset", choices=sorted(PRESETS), default="generic")
@@ -222,8 +219,7 @@ def spec_from_args(args: argparse.Namespace, cfg) -> ClickLogSpec:
             k, v = pair.split("=", 1)
             mapping[k.strip()] = v.strip()
     return ClickLogSpec(source=args.source or preset["source"], mapping=mapping,
-                        ts_unit=args.ts_unit or preset["ts_unit"],
-                        min_ts=cfg.quality.min_ts, max_ts=cfg.quality.max_ts)
+                        ts_unit=args.ts_unit or preset["ts_unit"])
 
 
 def main(argv: list[str] | None = None) -> int:

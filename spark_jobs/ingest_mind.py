@@ -96,11 +96,11 @@ def parse_news(lines: DataFrame) -> DataFrame:
 
 
 def ingest(spark, cfg, behaviors: str, news: str | None = None, source: str = "mind"):
-    from spark_jobs.ingest_clicklog import InputError, _require_path
+    from spark_jobs.ingest_clicklog import InputError, require_path
     from spark_jobs.ingest_load import quarantine_rows, write_ingest
 
     started = time.perf_counter()
-    _require_path(spark, behaviors)
+    require_path(spark, behaviors)
     lines = spark.read.text(behaviors).where(F.trim("value") != "")
     parsed = parse_behaviors(lines, source).persist()
     try:
@@ -114,7 +114,7 @@ def ingest(spark, cfg, behaviors: str, news: str | None = None, source: str = "m
         events = to_events(good, requests, source)
         items = None
         if news:
-            _require_path(spark, news)
+            require_path(spark, news)
             news_rows = parse_news(spark.read.text(news).where(F.trim("value") != ""))
             quarantine = quarantine.unionByName(
                 quarantine_rows(news_rows.where(F.col("reason").isNotNull()), source, news, ingested_at))
@@ -127,7 +127,7 @@ def ingest(spark, cfg, behaviors: str, news: str | None = None, source: str = "m
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="ingest_mind", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m spark_jobs.ingest_mind", description=__doc__.split("\n\n")[0])
     p.add_argument("--behaviors", required=True, help="behaviors.tsv (file, folder or glob)")
     p.add_argument("--news", help="news.tsv with item attributes")
     p.add_argument("--source", default="mind")

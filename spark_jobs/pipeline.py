@@ -17,6 +17,9 @@ import sys
 import time
 from pathlib import Path
 
+from include.config import MODEL_SIZES
+from spark_jobs.ingest import DATA_SETS, ingest, synthetic_input
+
 
 class Progress:
     def __init__(self, total: int):
@@ -25,22 +28,6 @@ class Progress:
     def stage(self, title: str):
         self.n += 1
         print(f"\n[{self.n}/{self.total}] {title}  (+{time.perf_counter() - self.t0:.0f} s)", flush=True)
-
-
-def ingest(spark, cfg, data: str, input_path: str):
-    if data == "mind":
-        from spark_jobs import ingest_mind
-
-        base = Path(input_path)
-        behaviors = str(base / "behaviors.tsv") if base.is_dir() else input_path
-        news = base / "news.tsv" if base.is_dir() else None
-        return ingest_mind.ingest(spark, cfg, behaviors, str(news) if news and news.exists() else None)
-    from spark_jobs import ingest_clicklog
-
-    preset = "globo" if data == "globo" else "generic"
-    args = ingest_clicklog.parse_args(["--input", input_path, "--preset", preset]
-                                      + (["--source", "synthetic"] if data == "synthetic" else []))
-    return ingest_clicklog.ingest(spark, cfg, input_path, ingest_clicklog.spec_from_args(args, cfg), "csv")
 
 
 def summarize(spark, cfg) -> list[str]:
@@ -62,15 +49,16 @@ def summarize(spark, cfg) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="pipeline", description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", choices=["synthetic", "mind", "globo", "clicklog"], default="synthetic")
+    p = argparse.ArgumentParser(prog="python -m spark_jobs.pipeline", description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", choices=DATA_SETS, default="synthetic")
     p.add_argument("--input", help="data path (for synthetic: where to write the generated log)")
     p.add_argument("--config", help="SOLARIS TOML config")
     p.add_argument("--synthetic-users", type=int, default=2000)
     p.add_argument("--synthetic-items", type=int, default=400)
     p.add_argument("--synthetic-hours", type=int, default=48)
-    p.add_argument("--models", choices=["quick", "full", "none"], default="quick",
-                   help="model sizes for the training stage (quick: small, CPU-minutes; none: skip)")
+    p.add_argument("--models", choices=[*MODEL_SIZES, "none"],
+                   help="model sizes for the training stage (default: [models] sizes, quick: small, CPU-minutes; "
+                        "none: skip)")
     p.add_argument("--reports", default="reports", help="folder for the evaluation JSON and Markdown")
     p.add_argument("--precompute-hours", type=int, default=3,
                    help="hourly precompute runs over the log's last hours (0: skip; needs --models)")
@@ -79,13 +67,14 @@ def main(argv: list[str] | None = None) -> int:
     from include.config import load_config
 
     cfg = load_config(a.config)
+    a.models = a.models or cfg.models.sizes
     precompute_hours = a.precompute_hours if a.models != "none" else 0
     progress = Progress(total=(4 if a.data == "synthetic" else 3) + (a.models != "none") + (precompute_hours > 0))
     input_path = a.input
     if a.data == "synthetic":
         from include import synthetic
 
-        input_path = input_path or str(cfg.lake.root_path.parent / "data" / "synthetic" / "clicks.csv")
+        input_path = input_path or str(synthetic_input(cfg))
         progress.stage(f"generate a synthetic click log -> {input_path}")
         scfg = synthetic.SyntheticConfig(users=a.synthetic_users, items=a.synthetic_items, hours=a.synthetic_hours)
         n = synthetic.write_csv(synthetic.generate(scfg), input_path)
@@ -105,14 +94,14 @@ def main(argv: list[str] | None = None) -> int:
     progress.stage("what landed where")
     print("\n".join(summarize(spark, cfg)))
     if a.models != "none":
-        from model import evaluate
+        from model import training
 
         source = report.source
         progress.stage(f"train the FM, autoencoder and VM variants on {source} ({a.models} sizes) and compare")
-        ec = evaluate.QUICK if a.models == "quick" else evaluate.EvalConfig()
-        result = evaluate.run(cfg, source, ec)
-        print("\n" + evaluate.to_markdown(result))
-        paths = evaluate.write_report(result, Path(a.reports))
+        ec = training.model_set(a.models)
+        result = training.train_all(cfg, source, ec)
+        print("\n" + training.to_markdown(result))
+        paths = training.write_report(result, Path(a.reports))
         print(f"  report: {paths[0]} and {paths[1].name}; models under {cfg.lake.root_path / 'models'}")
     if precompute_hours > 0:
         from datetime import timedelta

@@ -1,8 +1,8 @@
 """One speculative precompute run for the interval ending at t: speculate -> verify -> embed ->
 MERGE -> take in the miss queue -> expire and vacuum -> record counters.
 
-    python -m spark_jobs.precompute --end 2026-01-05T12:00:00 [--config F]
-    spark-submit --properties-file lake/spark-solaris.conf spark_jobs/precompute.py --end ...
+    python -m spark_jobs.precompute --at 2026-01-05T12:00:00 [--config F]
+    spark-submit --properties-file lake/spark-solaris.conf spark_jobs/precompute.py --at ...
 
 t comes from the arguments, never the clock, and every write is keyed by the run: rerunning an
 interval leaves the same tables. Each table write is one Delta transaction, so a run killed midway
@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 
 from feature_store.tables import (MISS_QUEUE, PAIR_EMBEDDINGS, PRECOMPUTE_RUNS, REQUEST_LOG, USER_EVENTS,
                                   VERIFIER_SCORES, conform, ensure_tables, in_time_range, qualified_name)
-from include.cli import run_at_end
+from include.cli import run_at_time
 from spark_jobs import embed_pairs, speculate
 
 
@@ -52,23 +52,6 @@ class RunCounters:
         return {k: v for k, v in asdict(self).items() if k != "stage_seconds"}
 
 
-def resolve_models(cfg) -> dict[str, str]:
-    from model import registry
-
-    pc = cfg.precompute
-    root = cfg.models_root
-    return {"vm": str(registry.resolve(root, "vm", pc.vm_version)),
-            "fm": str(registry.resolve(root, "fm", pc.fm_version)),
-            "autoencoder": str(registry.resolve(root, "autoencoder", pc.ae_version))}
-
-
-def code_dim(cfg) -> int:
-    """The stored embedding size: the configured autoencoder's code size."""
-    from model import registry
-
-    return int(registry.read_json(resolve_models(cfg)["autoencoder"], "config.json")["config"]["code_dim"])
-
-
 def run(spark, cfg, t: datetime) -> RunCounters:
     from model import registry
     from model.autoencoder import AEConfig, EmbeddingAutoencoder
@@ -83,9 +66,8 @@ def run(spark, cfg, t: datetime) -> RunCounters:
         mark[0] = now
 
     pc, db = cfg.precompute, cfg.lake.database
-    params = speculate.SpeculateParams(t, pc.lookback_hours, pc.recent_items_per_user, pc.trending_items,
-                                       pc.budget, pc.selection, pc.fresh_margin_minutes)
-    models = resolve_models(cfg)  # fails here, before any work, if a checkpoint is missing
+    start = speculate.window_start(pc, t)
+    models = registry.resolve_models(cfg)  # fails here, before any work, if a checkpoint is missing
     ae = registry.load(models["autoencoder"], EmbeddingAutoencoder, AEConfig)  # and here if it does not match
     fm_version = f"fm/{models['fm'].rsplit('/', 1)[-1]}+autoencoder/{models['autoencoder'].rsplit('/', 1)[-1]}"
     run_id = t.isoformat(timespec="seconds")
@@ -95,7 +77,7 @@ def run(spark, cfg, t: datetime) -> RunCounters:
     name = {s.name: qualified_name(s, db) for s in (REQUEST_LOG, USER_EVENTS, PAIR_EMBEDDINGS, VERIFIER_SCORES,
                                                      MISS_QUEUE, PRECOMPUTE_RUNS)}
 
-    window = in_time_range(spark.table(name["request_log"]), params.start, t)
+    window = in_time_range(spark.table(name["request_log"]), start, t)
     # Waiting misses, plus those this same run took in before (a rerun must see the same queue).
     queue = spark.table(name["miss_queue"]).where(
         (F.col("requested_at") < F.lit(t)) & (F.col("consumed_by_run").isNull() | (F.col("consumed_by_run") == run_id)))
@@ -105,10 +87,10 @@ def run(spark, cfg, t: datetime) -> RunCounters:
     fresh = stored.where((F.col("computed_at") < F.lit(t)) & (F.col("expires_at") > F.lit(t))) \
         .select("user_id", "item_id", "expires_at")
 
-    cands = speculate.candidates(window, queue, params)
+    cands = speculate.candidates(window, queue, pc)
     scored = speculate.score(cands, models["vm"], t).persist()
     try:
-        decided = speculate.select(scored, fresh, params)
+        decided = speculate.select(scored, fresh, pc, t)
         audit = conform(decided.withColumn("run_id", F.lit(run_id)), VERIFIER_SCORES)
         audit.write.format("delta").mode("overwrite").option("replaceWhere", f"run_id = '{run_id}'") \
             .save(str(cfg.lake.table_path(VERIFIER_SCORES.name)))
@@ -123,7 +105,7 @@ def run(spark, cfg, t: datetime) -> RunCounters:
                                  fm_cfg["history_len"])
     from model.train import pick_device
 
-    device = str(pick_device(pc.device))  # on the driver: a cuda request without a GPU fails here, early
+    device = str(pick_device(cfg.models.device))  # on the driver: a cuda request without a GPU fails here, early
     embedded = embed_pairs.embed(selected.join(hist, "user_id", "left"), models["fm"], models["autoencoder"], t,
                                  device)
     rows = embed_pairs.to_rows(embedded, t, pc.ttl_hours, fm_version, run_id).persist()
@@ -152,7 +134,7 @@ def run(spark, cfg, t: datetime) -> RunCounters:
                               ).cast("int")).alias("fresh"),
                        F.sum((F.col("origin") == "miss_queue").cast("int")).alias("queue_in")).first()
     waiting = spark.table(name["miss_queue"]).where(F.col("consumed_by_run").isNull()).count()
-    counters = RunCounters(run_id=run_id, interval_start=params.start, interval_end=t,
+    counters = RunCounters(run_id=run_id, interval_start=start, interval_end=t,
                            pairs_considered=counts.scored, pairs_scored=counts.scored,
                            pairs_selected=counts.selected or 0, already_fresh=counts.fresh or 0,
                            pairs_embedded=n_embedded, expired_removed=expired, queue_in=counts.queue_in or 0,
@@ -192,7 +174,7 @@ def expire(spark, cfg, t: datetime) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_at_end(argv, "precompute", __doc__.split("\n\n")[0], run, lambda c: print("\n".join(c.lines())))
+    return run_at_time(argv, "spark_jobs.precompute", __doc__.split("\n\n")[0], run, lambda c: print("\n".join(c.lines())))
 
 
 if __name__ == "__main__":

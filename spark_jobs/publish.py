@@ -4,7 +4,7 @@ The online lookup serves the newest published snapshot, and the as-of resolution
 tables at the versions published before each request (Delta time travel), so what a request
 would have been served can be recomputed later, exactly.
 
-    python -m spark_jobs.publish --end 2026-01-05T12:00:00 [--config F]   (after user_neighbors)
+    python -m spark_jobs.publish --at 2026-01-05T12:00:00 [--config F]   (after user_neighbors)
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pyspark.sql import functions as F
 
 from feature_store.tables import (FEATURE_VERSIONS, PAIR_EMBEDDINGS, USER_MEAN_EMBEDDINGS, USER_NEIGHBORS, conform,
                                   ensure_tables, qualified_name)
-from include.cli import print_counters, run_at_end
+from include.cli import print_counters, run_at_time
 
 SERVING_TABLES = (PAIR_EMBEDDINGS, USER_MEAN_EMBEDDINGS, USER_NEIGHBORS)
 
@@ -45,7 +45,7 @@ def published(spark, cfg) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_at_end(argv, "publish", __doc__.split("\n\n")[0], run, lambda c: print_counters("published", c))
+    return run_at_time(argv, "spark_jobs.publish", __doc__.split("\n\n")[0], run, lambda c: print_counters("published", c))
 
 
 if __name__ == "__main__":

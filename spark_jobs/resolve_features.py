@@ -59,7 +59,7 @@ def run(spark, cfg, start: datetime, end: datetime, record_misses: bool = False,
     from delta.tables import DeltaTable
 
     from spark_jobs.publish import published
-    from spark_jobs.precompute import code_dim
+    from model.registry import code_dim
 
     if end <= start:
         raise ValueError(f"empty interval: end {end} is not after start {start}")
@@ -99,7 +99,7 @@ def run(spark, cfg, start: datetime, end: datetime, record_misses: bool = False,
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="resolve_features", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m spark_jobs.resolve_features", description=__doc__.split("\n\n")[0])
     p.add_argument("--start", required=True, help="first request time (UTC, ISO), inclusive")
     p.add_argument("--end", required=True, help="last request time (UTC, ISO), exclusive")
     p.add_argument("--record-misses", action="store_true", help="queue non-exact candidates in miss_queue")

@@ -7,45 +7,27 @@ load per Python worker); the top ``budget`` share is selected (globally or per u
 misses are always selected, and pairs whose stored embedding is fresh past t + margin are
 skipped. Everything scored is written to ``verifier_scores`` (partition = run) for audit.
 
-    python -m spark_jobs.speculate --end 2026-01-05T12:00:00      (usually run by precompute)
+    (run inside spark_jobs/precompute.py; there is no separate entry point)
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 
-@dataclass(frozen=True)
-class SpeculateParams:
-    t: datetime
-    lookback_hours: int
-    recent_items_per_user: int
-    trending_items: int
-    budget: float
-    selection: str
-    fresh_margin_minutes: int
-
-    def __post_init__(self):
-        if not 0 < self.budget <= 1:
-            raise ValueError(f"budget must be in (0, 1], got {self.budget}")
-        if self.selection not in ("global", "per_user"):
-            raise ValueError(f"selection must be 'global' or 'per_user', got {self.selection!r}")
-        if self.lookback_hours <= 0:
-            raise ValueError("lookback_hours must be > 0")
-
-    @property
-    def start(self) -> datetime:
-        return self.t - timedelta(hours=self.lookback_hours)
+def window_start(pc, t: datetime) -> datetime:
+    """Start of the look-back window [t - W, t) whose users and items are speculated."""
+    return t - timedelta(hours=pc.lookback_hours)
 
 
-def candidates(window_requests: DataFrame, misses: DataFrame, p: SpeculateParams) -> DataFrame:
+def candidates(window_requests: DataFrame, misses: DataFrame, p) -> DataFrame:
     """(user_id, item_id, origin, device, surface) to score; pure.
 
-    ``window_requests``: request_log rows in [t - W, t); ``misses``: waiting miss-queue pairs.
+    ``window_requests``: request_log rows in [t - W, t); ``misses``: waiting miss-queue pairs;
+    ``p``: the ``[precompute]`` config section.
     """
     latest = Window.partitionBy("user_id").orderBy(F.col("ts").desc(), F.col("request_id").desc())
     users = (window_requests.withColumn("_n", F.row_number().over(latest)).where("_n = 1")
@@ -83,8 +65,9 @@ def score(cands: DataFrame, vm_path: str, t: datetime) -> DataFrame:
     return cands.mapInPandas(predict, schema)
 
 
-def select(scored: DataFrame, fresh: DataFrame, p: SpeculateParams) -> DataFrame:
-    """Mark the precompute set; pure given the scores. ``fresh``: (user_id, item_id, expires_at) stored now."""
+def select(scored: DataFrame, fresh: DataFrame, p, t: datetime) -> DataFrame:
+    """Mark the precompute set of the run at ``t``; pure given the scores. ``fresh``: (user_id, item_id,
+    expires_at) stored now; ``p``: the ``[precompute]`` config section (budget, selection, margin)."""
     bad = scored.where(F.isnan("score") | F.col("score").isNull()).limit(1).count()
     if bad:
         raise ValueError("the verifier produced NaN scores; refusing to select from them (check the VM checkpoint)")
@@ -99,7 +82,7 @@ def select(scored: DataFrame, fresh: DataFrame, p: SpeculateParams) -> DataFrame
         threshold = spec.approxQuantile("score", [1.0 - p.budget], 0.0)  # exact quantile: deterministic reruns
         top = F.col("score") >= F.lit(threshold[0] if threshold else float("inf"))
     fresh_until = fresh.select("user_id", "item_id", F.col("expires_at").alias("fresh_until"))
-    margin = F.lit(p.t + timedelta(minutes=p.fresh_margin_minutes))
+    margin = F.lit(t + timedelta(minutes=p.fresh_margin_minutes))
     return (ranked.join(fresh_until, ["user_id", "item_id"], "left")
             .withColumn("selected", ((F.col("origin") == "miss_queue") | top)
                         & (F.col("fresh_until").isNull() | (F.col("fresh_until") <= margin)))

@@ -5,7 +5,7 @@ be read back from it a day later. Instead each run adds per-user partial sums of
 it wrote (``user_embedding_sums``, one partition per run), and the mean at t is the sum of the
 partials in the window over their counts: exact, and cheap (one row per user per run).
 
-    python -m spark_jobs.user_means --end 2026-01-05T12:00:00 [--config F]   (after precompute for t)
+    python -m spark_jobs.user_means --at 2026-01-05T12:00:00 [--config F]   (after precompute for t)
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 from feature_store.quality import valid_embedding
 from feature_store.tables import (PAIR_EMBEDDINGS, USER_EMBEDDING_SUMS, USER_MEAN_EMBEDDINGS, conform,
                                   ensure_tables, qualified_name)
-from include.cli import print_counters, run_at_end
+from include.cli import print_counters, run_at_time
 
 
 def sum_vectors(df: DataFrame, column: str, alias: str) -> DataFrame:
@@ -62,7 +62,7 @@ def run(spark, cfg, t: datetime, dim: int | None = None) -> dict:
     run_id = t.isoformat(timespec="seconds")
     ensure_tables(spark, cfg, (PAIR_EMBEDDINGS, USER_EMBEDDING_SUMS, USER_MEAN_EMBEDDINGS))
     if dim is None:
-        from spark_jobs.precompute import code_dim
+        from model.registry import code_dim
 
         dim = code_dim(cfg)
     pairs = spark.table(qualified_name(PAIR_EMBEDDINGS, db)).where(F.col("run_id") == run_id)
@@ -97,7 +97,7 @@ def run(spark, cfg, t: datetime, dim: int | None = None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_at_end(argv, "user_means", __doc__.split("\n\n")[0], run, lambda c: print_counters("user means", c))
+    return run_at_time(argv, "spark_jobs.user_means", __doc__.split("\n\n")[0], run, lambda c: print_counters("user means", c))
 
 
 if __name__ == "__main__":

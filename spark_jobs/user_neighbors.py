@@ -12,7 +12,7 @@ Spark (``mapInPandas``), collected to the driver and searched with FAISS (model/
 inner product on unit vectors up to ``exact_search_max`` lenders, HNSW above), with recall@k
 against exact search measured and printed. Each build replaces the whole table.
 
-    python -m spark_jobs.user_neighbors --end 2026-01-05T12:00:00 [--config F]   (after user_means)
+    python -m spark_jobs.user_neighbors --at 2026-01-05T12:00:00 [--config F]   (after user_means)
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pyspark.sql import functions as F
 
 from feature_store.tables import (REQUEST_LOG, USER_EVENTS, USER_MEAN_EMBEDDINGS, USER_NEIGHBORS, conform,
                                   ensure_tables, in_time_range, qualified_name)
-from include.cli import print_counters, run_at_end
+from include.cli import print_counters, run_at_time
 from spark_jobs import embed_pairs
 
 
@@ -55,9 +55,9 @@ def neighbor_rows(user_ids: np.ndarray, lender_ids: np.ndarray, ids: np.ndarray,
 
 def run(spark, cfg, t: datetime) -> dict:
     from model import registry
-    from model.knn import KNNConfig, neighbors, normalize
+    from model.knn import neighbors, normalize
     from model.train import pick_device
-    from spark_jobs.precompute import resolve_models
+    from model.registry import resolve_models
 
     started = time.perf_counter()
     fb, db = cfg.fallback, cfg.lake.database
@@ -72,7 +72,7 @@ def run(spark, cfg, t: datetime) -> dict:
               .unionByName(in_time_range(spark.table(qualified_name(USER_EVENTS, db)), since, t).select("user_id"))
               .unionByName(lenders).distinct())
     hist = embed_pairs.histories(spark.table(qualified_name(USER_EVENTS, db)), active, t, fm_len)
-    device = str(pick_device(cfg.precompute.device))
+    device = str(pick_device(cfg.models.device))
     vecs = user_vectors(active.join(hist, "user_id", "left"), models["fm"], models["autoencoder"], device).toPandas()
     lender_set = {r.user_id for r in lenders.collect()}
 
@@ -83,10 +83,8 @@ def run(spark, cfg, t: datetime) -> dict:
     lender_ids = user_ids[is_lender]
     self_index = np.full(len(user_ids), -1, np.int64)
     self_index[is_lender] = np.arange(is_lender.sum())
-    knn = KNNConfig(k=fb.neighbors_k, exact_max=fb.exact_search_max, hnsw_m=fb.hnsw_m,
-                    hnsw_ef_search=fb.hnsw_ef_search, recall_sample=fb.recall_sample)
     if len(lender_ids):
-        ids, sims, stats = neighbors(unit[is_lender], unit, self_index, knn)
+        ids, sims, stats = neighbors(unit[is_lender], unit, self_index, fb)
         rows = neighbor_rows(user_ids, lender_ids, ids, sims)
     else:  # nobody to borrow from: an empty table, and the neighbor tier serves nothing
         rows, stats = [], {"index": "none", "indexed": 0, "queries": len(user_ids), "recall_at_k": float("nan")}
@@ -104,7 +102,7 @@ def run(spark, cfg, t: datetime) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_at_end(argv, "user_neighbors", __doc__.split("\n\n")[0], run,
+    return run_at_time(argv, "spark_jobs.user_neighbors", __doc__.split("\n\n")[0], run,
                       lambda c: print_counters("user neighbors", c))
 
 

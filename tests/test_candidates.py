@@ -5,7 +5,8 @@ from datetime import datetime, timedelta
 import pytest
 from pyspark.sql import functions as F
 
-from spark_jobs.candidates import CandidateParams, clicks_to_requests, popularity_pools
+from include.config import ClickLogConfig
+from spark_jobs.candidates import clicks_to_requests, popularity_pools
 
 T0 = datetime(2026, 1, 5, 0, 0, 0)
 SCHEMA = "user_id string, item_id string, ts timestamp, surface string, device string, region string, referrer string"
@@ -24,7 +25,7 @@ def log(spark):
 
 
 def test_pool_counts_only_whole_hours_before(spark, log):
-    pools = {r.hour: r.pool for r in popularity_pools(log.select("item_id", "ts"), CandidateParams(2, 1, 3)).collect()}
+    pools = {r.hour: r.pool for r in popularity_pools(log.select("item_id", "ts"), ClickLogConfig(2, 1, 3)).collect()}
     h0 = int(T0.timestamp() // 3600)
     assert pools[h0 + 1] == ["i1", "i2", "i3"]  # hour 0's clicks, most clicked first
     assert h0 not in pools  # nothing before the log: no pool for its first hour
@@ -32,7 +33,7 @@ def test_pool_counts_only_whole_hours_before(spark, log):
 
 
 def test_each_click_is_one_request_with_one_positive(spark, log):
-    rows = clicks_to_requests(log, CandidateParams(2, 1, 3, seed=1), "syn").collect()
+    rows = clicks_to_requests(log, ClickLogConfig(2, 1, 3, seed=1), "syn").collect()
     by_request = {}
     for r in rows:
         by_request.setdefault(r.request_id, []).append(r)
@@ -57,11 +58,11 @@ def test_same_seed_same_requests_other_seed_differs(spark):
     hour0 = [(f"u{n}", f"i{n % 20}", n % 60) for n in range(200)]
     hour1 = [(f"u{n}", f"i{n % 7}", 60 + n % 60) for n in range(50)]
     df = clicks(spark, hour0 + hour1)
-    p = CandidateParams(5, 1, 15, seed=3)
+    p = ClickLogConfig(5, 1, 15, seed=3)
     cols = ["request_id", "item_id", "position", "label", "ts"]
     a = clicks_to_requests(df, p, "s").select(cols).orderBy(cols).collect()
     b = clicks_to_requests(df, p, "s").select(cols).orderBy(cols).collect()
-    c = clicks_to_requests(df, CandidateParams(5, 1, 15, seed=4), "s").select(cols).orderBy(cols).collect()
+    c = clicks_to_requests(df, ClickLogConfig(5, 1, 15, seed=4), "s").select(cols).orderBy(cols).collect()
     assert a == b
     assert a != c
     # the clicked item's slot is spread over positions, so position does not give the label away
@@ -70,7 +71,7 @@ def test_same_seed_same_requests_other_seed_differs(spark):
 
 
 def test_prior_clicks_make_incremental_ingest_match_whole(spark, log):
-    p = CandidateParams(2, 1, 3, seed=1)
+    p = ClickLogConfig(2, 1, 3, seed=1)
     cols = ["request_id", "item_id", "position", "label"]
     whole = clicks_to_requests(log, p, "s").where(F.col("ts") >= T0 + timedelta(hours=1)).select(cols).orderBy(cols).collect()
     first, second = log.where(F.col("ts") < T0 + timedelta(hours=1)), log.where(F.col("ts") >= T0 + timedelta(hours=1))
@@ -82,4 +83,4 @@ def test_prior_clicks_make_incremental_ingest_match_whole(spark, log):
                                     dict(negatives_per_click=10, pool_size=5)])
 def test_bad_params_are_rejected(kwargs):
     with pytest.raises(ValueError):
-        CandidateParams(**kwargs)
+        ClickLogConfig(**kwargs)

@@ -49,7 +49,7 @@ def test_the_hourly_dag_runs_the_stages_in_order_on_the_hour_that_ended(dagbag):
         assert dag.get_task(b).task_id in dag.get_task(a).downstream_task_ids
     pre = dag.get_task("precompute")
     assert pre.application.endswith("spark_jobs/precompute.py")
-    assert pre.application_args == ["--end", "{{ data_interval_end.isoformat() }}"]
+    assert pre.application_args == ["--at", "{{ data_interval_end.isoformat() }}"]
     assert dag.get_task("resolve_features").application_args[:2] == ["--start", "{{ data_interval_start.isoformat() }}"]
     # a data-interval timetable: each run covers the hour that ended, not a zero-length trigger
     assert type(dag.timetable).__name__ == "CronDataIntervalTimetable"

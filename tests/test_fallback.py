@@ -9,7 +9,7 @@ from pyspark.sql import functions as F
 
 from feature_store.resolution import TIERS, Snapshot
 from include import synthetic
-from model import evaluate
+from model import training
 from spark_jobs import coverage, cycle, publish, resolve_features, user_means, user_neighbors
 from spark_jobs import ingest_clicklog as ic
 from tests.test_model_eval import TINY
@@ -23,14 +23,14 @@ def lake(spark, lake_root, tmp_path_factory):
     from tests.conftest import _test_config
 
     cfg = _test_config(lake_root / "fallback", database="t_fallback").with_overrides(
-        precompute={"lookback_hours": 3, "trending_items": 5, "recent_items_per_user": 5, "device": "cpu",
+        precompute={"lookback_hours": 3, "trending_items": 5, "recent_items_per_user": 5,
                     "budget": 0.3},
-        fallback={"neighbors_k": 3, "recall_sample": 50})
+        fallback={"neighbors_k": 3, "recall_sample": 50}, models={"device": "cpu"})
     spark.sql(f"CREATE DATABASE IF NOT EXISTS {cfg.lake.database}")
     path = tmp_path_factory.mktemp("syn") / "clicks.csv"
     synthetic.write_csv(synthetic.generate(synthetic.SyntheticConfig(users=120, items=50, hours=12, visits_per_hour=20)), path)
     ic.ingest(spark, cfg, str(path), ic.spec_from_args(ic.parse_args(["--input", str(path), "--source", "synthetic"]), cfg))
-    evaluate.run(cfg, "synthetic", TINY, log=lambda *_: None)
+    training.train_all(cfg, "synthetic", TINY, log=lambda *_: None)
     sums = {}
     for t in (T, T + timedelta(hours=1)):
         cycle.run(spark, cfg, t, stages=("precompute",), log=lambda *_: None)
@@ -160,11 +160,12 @@ def test_user_means_exclude_and_count_bad_embeddings(spark, make_cfg):
 
 
 def test_neighbors_with_nobody_to_borrow_from_or_k_above_the_user_count():
-    from model.knn import KNNConfig, neighbors, normalize
+    from include.config import FallbackConfig
+    from model.knn import neighbors, normalize
 
     vecs, ok = normalize(np.array([[1, 0], [1, 0], [0, 1], [0, 0]], np.float32))  # two identical, one zero
     assert list(ok) == [True, True, True, False]
-    ids, sims, stats = neighbors(vecs[:3], vecs[:3], np.arange(3), KNNConfig(k=10, recall_sample=3))
+    ids, sims, stats = neighbors(vecs[:3], vecs[:3], np.arange(3), FallbackConfig(neighbors_k=10, recall_sample=3))
     assert ids.shape[1] <= 10 and stats["recall_at_k"] == 1.0
     for q in range(3):
         found = [i for i in ids[q] if i >= 0]
@@ -174,7 +175,7 @@ def test_neighbors_with_nobody_to_borrow_from_or_k_above_the_user_count():
 
 def test_an_empty_neighbor_build_serves_no_neighbor_tier(spark, make_cfg, lake):
     base, _ = lake
-    cfg = make_cfg("empty_neighbors", precompute={"models_root": str(base.models_root), "device": "cpu"})
+    cfg = make_cfg("empty_neighbors", models={"root": str(base.models_root), "device": "cpu"})
     c = user_neighbors.run(spark, cfg, T)  # no user means at all in this lake: nobody can lend
     assert (c["lenders"], c["neighbor_rows"]) == (0, 0)
     assert tbl(spark, cfg, "user_neighbors").count() == 0
@@ -226,7 +227,7 @@ def test_coverage_sweep_replays_each_setting_in_its_own_lake(spark, lake):
     are only read, a larger budget covers at least as much exactly, and a rerun replaces its rows."""
     from delta.tables import DeltaTable
 
-    from spark_jobs import coverage_sweep as sweep
+    from experiments import coverage_sweep as sweep
 
     cfg, _ = lake
     versions = {n: DeltaTable.forName(spark, f"{cfg.lake.database}.{n}").history(1).first()["version"]
@@ -267,7 +268,7 @@ def test_coverage_sweep_replays_each_setting_in_its_own_lake(spark, lake):
 
 
 def test_coverage_sweep_settings_and_bad_arguments(tmp_path):
-    from spark_jobs import coverage_sweep as sweep
+    from experiments import coverage_sweep as sweep
 
     cross = sweep.sweep_points([0.05, 0.2], [1, 6, 24], 0.2, 6, "cross")
     assert [p.name for p in cross] == ["budget0.05_ttl6h", "budget0.2_ttl6h", "budget0.2_ttl1h", "budget0.2_ttl24h"]
@@ -287,7 +288,7 @@ def test_coverage_sweep_settings_and_bad_arguments(tmp_path):
 
 
 def test_coverage_sweep_needs_an_ingested_base_lake(spark, make_cfg):
-    from spark_jobs import coverage_sweep as sweep
+    from experiments import coverage_sweep as sweep
 
     cfg = make_cfg("sweep_no_inputs")
     with pytest.raises(FileNotFoundError, match="ingest a log"):

@@ -1,4 +1,4 @@
-"""Training every model on a tiny ingested log, through the same code as `python -m model.evaluate`."""
+"""Training every model on a tiny ingested log, through the same code as `python -m experiments.model_eval`."""
 
 import json
 import math
@@ -11,12 +11,12 @@ import pytest
 
 from include import synthetic
 from model import data as mdata
-from model import evaluate, registry
+from model import registry, training
 from model.fm import FMConfig, FoundationModel
 from model.train import TrainConfig
 from spark_jobs import ingest_clicklog as ic
 
-TINY = replace(evaluate.QUICK, history_len=5, fm_dim=8, fm_trunk=32, fm_embedding=16, code_dim=4,
+TINY = replace(training.QUICK, history_len=5, fm_dim=8, fm_trunk=32, fm_embedding=16, code_dim=4,
                fm_train=TrainConfig(epochs=1, batch_size=256), vm_train=TrainConfig(epochs=1, batch_size=256),
                ae_train=TrainConfig(epochs=1, batch_size=256))
 
@@ -35,7 +35,7 @@ def tiny_lake(spark, lake_root, tmp_path_factory):
 
 
 def test_every_variant_trains_and_is_reported(tiny_lake):
-    result = evaluate.run(tiny_lake, "synthetic", TINY, log=lambda *_: None)
+    result = training.train_all(tiny_lake, "synthetic", TINY, log=lambda *_: None)
     rows = {r["model"]: r for r in result["rows"]}
     assert list(rows) == ["VM", "VM + KD (soft labels)", "VM + FM embedding (oracle coverage)", "FM"]
     for r in rows.values():
@@ -54,7 +54,7 @@ def test_every_variant_trains_and_is_reported(tiny_lake):
     fm = registry.load(registry.resolve(tiny_lake.lake.root_path / "models", "fm"), FoundationModel, FMConfig)
     assert fm.cfg.embedding_dim == 16
     assert "vocab.json" in os.listdir(result["models"]["vm_solaris"])
-    assert "Paper reference" in evaluate.to_markdown(result)
+    assert "Paper reference" in training.to_markdown(result)
 
 
 def test_empty_window_is_a_clear_error(tiny_lake):
@@ -69,7 +69,7 @@ def test_missing_tables_are_a_clear_error(make_cfg):
 
 def test_command_line_entry_point(tiny_lake, tmp_path):
     env = {**os.environ, "SOLARIS_LAKE_ROOT": str(tiny_lake.lake.root_path)}
-    p = subprocess.run([sys.executable, "-m", "model.evaluate", "--source", "synthetic", "--skip-ingest", "--quick",
+    p = subprocess.run([sys.executable, "-m", "experiments.model_eval", "--source", "synthetic", "--skip-ingest", "--models", "quick",
                         "--reports", str(tmp_path)], env=env, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "| VM + FM embedding (oracle coverage) |" in p.stdout

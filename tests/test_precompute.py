@@ -17,7 +17,8 @@ from pyspark.sql import functions as F
 
 from include import synthetic
 from include.cli import parse_time
-from model import evaluate, registry
+from include.config import PrecomputeConfig
+from model import registry, training
 from spark_jobs import backfill, embed_pairs, precompute, speculate
 from spark_jobs import ingest_clicklog as ic
 from tests.conftest import free_port
@@ -33,13 +34,13 @@ def lake(spark, lake_root, tmp_path_factory):
     from tests.conftest import _test_config
 
     cfg = _test_config(lake_root / "precompute", database="t_precompute")
-    cfg = cfg.with_overrides(precompute={"lookback_hours": 3, "trending_items": 5, "recent_items_per_user": 5,
-                                         "device": "cpu"})
+    cfg = cfg.with_overrides(precompute={"lookback_hours": 3, "trending_items": 5, "recent_items_per_user": 5},
+                             models={"device": "cpu"})
     spark.sql(f"CREATE DATABASE IF NOT EXISTS {cfg.lake.database}")
     path = tmp_path_factory.mktemp("syn") / "clicks.csv"
     synthetic.write_csv(synthetic.generate(synthetic.SyntheticConfig(users=120, items=50, hours=12, visits_per_hour=20)), path)
     ic.ingest(spark, cfg, str(path), ic.spec_from_args(ic.parse_args(["--input", str(path), "--source", "synthetic"]), cfg))
-    evaluate.run(cfg, "synthetic", TINY, log=lambda *_: None)
+    training.train_all(cfg, "synthetic", TINY, log=lambda *_: None)
     return cfg
 
 
@@ -119,24 +120,26 @@ def test_an_interval_with_no_traffic_is_an_empty_run_not_an_error(spark, lake):
 
 
 def test_selection_per_user_and_bad_parameters(spark):
-    p = speculate.SpeculateParams(T, 3, 5, 5, 0.5, "per_user", 60)
+    p = PrecomputeConfig(lookback_hours=3, recent_items_per_user=5, trending_items=5, budget=0.5,
+                         selection="per_user", fresh_margin_minutes=60)
     scored = spark.createDataFrame(
         [("a", f"i{k}", "speculated", None, None, float(k)) for k in range(4)] + [("b", "i9", "speculated", None, None, 0.1)],
         "user_id string, item_id string, origin string, device string, surface string, score double")
     fresh = spark.createDataFrame([("a", "i3", T + timedelta(hours=5))], "user_id string, item_id string, expires_at timestamp")
-    out = {(r.user_id, r.item_id): r.selected for r in speculate.select(scored, fresh, p).collect()}
+    out = {(r.user_id, r.item_id): r.selected for r in speculate.select(scored, fresh, p, T).collect()}
     # per user top half: a -> i3, i2 (i3 is fresh past t + margin, so skipped); b -> its only pair
     assert out == {("a", "i3"): False, ("a", "i2"): True, ("a", "i1"): False, ("a", "i0"): False, ("b", "i9"): True}
     nan = scored.withColumn("score", F.lit(float("nan")))
     with pytest.raises(ValueError, match="NaN scores"):
-        speculate.select(nan, fresh, p)
+        speculate.select(nan, fresh, p, T)
     for bad in (dict(budget=0), dict(budget=1.5), dict(selection="random"), dict(lookback_hours=0)):
         with pytest.raises(ValueError):
             replace(p, **bad)
 
 
 def test_candidates_are_users_by_recent_and_trending_items(spark):
-    p = speculate.SpeculateParams(T, 3, 1, 1, 0.2, "global", 60)
+    p = PrecomputeConfig(lookback_hours=3, recent_items_per_user=1, trending_items=1, budget=0.2,
+                         selection="global", fresh_margin_minutes=60)
     reqs = spark.createDataFrame([
         ("r1", "a", "x", T - timedelta(hours=1), 1, "d", "s"), ("r1", "a", "y", T - timedelta(hours=1), 0, "d", "s"),
         ("r2", "b", "z", T - timedelta(minutes=30), 0, "d2", "s"), ("r3", "a", "w", T - timedelta(minutes=10), 0, "d3", "s")],
@@ -170,9 +173,9 @@ def test_missing_or_mismatched_checkpoints_fail_before_any_write(spark, lake):
     versions = tbl(spark, lake, "pair_embeddings").count(), spark.sql(
         f"DESCRIBE HISTORY {lake.lake.database}.pair_embeddings").count()
     with pytest.raises(FileNotFoundError, match="model 'vm' has no version 'v0099'"):
-        precompute.run(spark, replace(lake, precompute=replace(lake.precompute, vm_version="v0099")), T)
+        precompute.run(spark, replace(lake, models=replace(lake.models, vm_version="v0099")), T)
     with pytest.raises(FileNotFoundError, match="no promoted version of model 'fm'"):
-        precompute.run(spark, replace(lake, precompute=replace(lake.precompute, fm_version="promoted")), T)
+        precompute.run(spark, replace(lake, models=replace(lake.models, fm_version="promoted")), T)
     ae_path = registry.resolve(lake.models_root, "autoencoder")
     meta = json.loads((ae_path / "config.json").read_text())
     original = dict(meta)
@@ -210,7 +213,7 @@ def test_a_run_killed_midway_leaves_every_table_readable(spark, lake):
            "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
     cfg_file = lake.lake.root_path / "kill.toml"
     cfg_file.write_text("[precompute]\nlookback_hours = 3\ntrending_items = 5\nrecent_items_per_user = 5\n")
-    proc = subprocess.Popen([sys.executable, "-m", "spark_jobs.precompute", "--end", t.isoformat(), "--config",
+    proc = subprocess.Popen([sys.executable, "-m", "spark_jobs.precompute", "--at", t.isoformat(), "--config",
                              str(cfg_file)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     deadline = time.time() + 600

@@ -17,12 +17,13 @@ from deltalake import DeltaTable
 from feature_store.resolution import TIERS
 from include import synthetic
 from model import data as mdata
-from model import registry, replay_eval
+from experiments import replay_eval
+from model import registry
 from model.autoencoder import AEConfig, EmbeddingAutoencoder
 from model.features import Vocab
 from model.fm import FMConfig, FoundationModel
 from model.train import TrainConfig
-from spark_jobs import coverage_sweep, replay, replay_report
+from experiments import coverage_sweep, replay, replay_report
 from spark_jobs import ingest_clicklog as ic
 from tests.conftest import ROOT
 from tests.test_model_eval import TINY
@@ -39,9 +40,9 @@ def replayed(spark, lake_root, tmp_path_factory):
     from tests.conftest import _test_config
 
     cfg = _test_config(lake_root / "replay", database="t_replay").with_overrides(
-        precompute={"lookback_hours": 3, "trending_items": 5, "recent_items_per_user": 5, "device": "cpu",
+        precompute={"lookback_hours": 3, "trending_items": 5, "recent_items_per_user": 5,
                     "budget": 0.3, "ttl_hours": 6.0},
-        fallback={"neighbors_k": 3, "recall_sample": 50})
+        fallback={"neighbors_k": 3, "recall_sample": 50}, models={"device": "cpu"})
     spark.sql(f"CREATE DATABASE IF NOT EXISTS {cfg.lake.database}")
     path = tmp_path_factory.mktemp("syn") / "clicks.csv"
     synthetic.write_csv(synthetic.generate(synthetic.SyntheticConfig(users=120, items=50, hours=12,
@@ -204,12 +205,12 @@ def test_bad_windows_and_inputs_are_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="whole hour"):
         replace(WINDOW, start=datetime(2026, 1, 5, 6, 30))
     env = {"SOLARIS_LAKE_ROOT": str(tmp_path / "lake"), "PATH": f"{sys.executable.rsplit('/', 1)[0]}:/usr/bin:/bin"}
-    p = subprocess.run([sys.executable, "-m", "spark_jobs.replay", "--test-from", "2026-01-06T09:00:00"],
+    p = subprocess.run([sys.executable, "-m", "experiments.replay", "--test-from", "2026-01-06T09:00:00"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "measure_from <= test_from" in p.stderr
-    p = subprocess.run([sys.executable, "-m", "spark_jobs.replay", "--data", "mind", "--input", str(tmp_path),
+    p = subprocess.run([sys.executable, "-m", "experiments.replay", "--data", "mind", "--input", str(tmp_path),
                         "--sample-fraction", "0.5"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and "not to MIND" in p.stderr
-    p = subprocess.run([sys.executable, "-m", "spark_jobs.replay", "--skip-ingest"], cwd=ROOT, env=env,
+    p = subprocess.run([sys.executable, "-m", "experiments.replay", "--skip-ingest"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and "ingest a log first" in p.stderr

@@ -14,7 +14,8 @@ from deltalake import DeltaTable, write_deltalake
 from feature_store.client import LookupClient, LookupFailed
 from feature_store.online import OnlineStore
 from feature_store.resolution import Snapshot
-from feature_store.serve import LookupServer, decode_binary, encode_binary
+from feature_store.serve import LookupServer
+from feature_store.wire import decode_binary, encode_binary
 
 T = datetime(2026, 1, 5, 12)
 TS = pa.timestamp("us", tz="UTC")

@@ -1,6 +1,6 @@
 """The replay evaluation's report: ``report.md``, ``result.json`` and PNG plots (matplotlib) in one folder.
 
-Pure rendering of the dict ``spark_jobs.replay.run`` returns; nothing here reads the lake.
+Pure rendering of the dict ``experiments.replay.run`` returns; nothing here reads the lake.
 """
 
 from __future__ import annotations

@@ -1,18 +1,18 @@
 """Replay evaluation: does a VM fed by speculative precompute keep the FM's gain, and at what FM cost?
 
-    python -m spark_jobs.replay                       # synthetic default (generates, ingests, replays)
-    python -m spark_jobs.replay --data mind --input ../shared/datasets/mind_small_subset
-    python -m spark_jobs.replay --data globo --input '../shared/datasets/globo_news_clicks/clicks/*.csv.gz' \\
+    python -m experiments.replay                       # synthetic default (generates, ingests, replays)
+    python -m experiments.replay --data mind --input ../shared/datasets/mind_small_subset
+    python -m experiments.replay --data globo --input '../shared/datasets/globo_news_clicks/clicks/*.csv.gz' \\
         --sample-fraction 0.05
 
-1. trains the FM, autoencoder and verifier VM on the requests before the replay (``model.evaluate``,
+1. trains the FM, autoencoder and verifier VM on the requests before the replay (``model.training.train_all``,
    saved in the registry and pinned for the replay);
 2. replays the hourly cycle (spark_jobs/cycle.py, the code the hourly DAG runs: resolve the past
    hour's requests as of their timestamps, precompute, user means, neighbors, publish) for every
    hour of the replay, misses queued to ``miss_queue`` as the lookup does, once per precompute
    setting (budget, TTL), each in its own lake under ``<lake>/replay/<setting>/``;
 3. trains the VM variants on the replay's logged ``request_features`` before ``test_from`` and
-   evaluates them on the hours from it (model/replay_eval.py);
+   evaluates them on the hours from it (experiments/replay_eval.py);
 4. writes the report (Markdown, JSON and PNG plots) to ``<reports>/replay_<source>/``.
 
 Each data set has a default window (``WINDOWS``); ``--start/--end/--measure-from/--test-from``
@@ -33,6 +33,7 @@ import numpy as np
 from pyspark.sql import functions as F
 
 from feature_store.resolution import TIERS
+from include.config import MODEL_SIZES
 from feature_store.tables import MISS_QUEUE, PRECOMPUTE_RUNS, REQUEST_FEATURES, qualified_name
 
 
@@ -80,9 +81,9 @@ WINDOWS = {  # start, end, measure_from, test_from (UTC)
 
 def pin_models(cfg, saved: dict[str, str]):
     """The replay's config: the versions trained for it, not whatever is latest later."""
-    return cfg.with_overrides(precompute={"models_root": str(cfg.models_root), "vm_version": Path(saved["vm"]).name,
-                                          "fm_version": Path(saved["fm"]).name,
-                                          "ae_version": Path(saved["autoencoder"]).name})
+    return cfg.with_overrides(models={"root": str(cfg.models_root), "vm_version": Path(saved["vm"]).name,
+                                      "fm_version": Path(saved["fm"]).name,
+                                      "ae_version": Path(saved["autoencoder"]).name})
 
 
 def point_stats(spark, pcfg, w: ReplayWindow) -> dict:
@@ -124,15 +125,16 @@ def lookup_latency(tables_root: Path, rows, requests: int = 2000) -> dict:
 
 def run(spark, cfg, source: str, w: ReplayWindow, budgets: list[float], ttls: list[float], model_config,
         eval_config, log=print) -> dict:
-    from model import evaluate, registry, replay_eval
+    from experiments import replay_eval
+    from model import registry, training
     from model.autoencoder import AEConfig, EmbeddingAutoencoder
     from model.features import Vocab
     from model.fm import FMConfig, FoundationModel
-    from spark_jobs import coverage_sweep as sweep
+    from experiments import coverage_sweep as sweep
 
     t0 = time.perf_counter()
     log(f"training the FM, autoencoder and verifier on {source} requests before {w.train_until}")
-    trained = evaluate.run(cfg, source, model_config, log=log, until=w.train_until)
+    trained = training.train_all(cfg, source, model_config, log=log, until=w.train_until)
     rcfg = pin_models(cfg, trained["models"])
     main = sweep.SweepPoint(cfg.precompute.budget, cfg.precompute.ttl_hours)
     points = list(dict.fromkeys([main, *sweep.sweep_points(budgets, ttls, main.budget, main.ttl_hours, "cross")]))
@@ -162,13 +164,13 @@ def run(spark, cfg, source: str, w: ReplayWindow, budgets: list[float], ttls: li
             | {"train_until": w.train_until}, "main": main.name, "points": results, "variants": variants,
             "initial_models": {"rows": trained["rows"], "window": trained["window"], "models": trained["models"]},
             "lookup_ms": latency, "seed": eval_config.vm_train.seed, "seconds": round(time.perf_counter() - t0, 1),
-            "reference": evaluate.REFERENCE}
+            "reference": training.REFERENCE}
 
 
 def main(argv: list[str] | None = None) -> int:
-    from spark_jobs.coverage_sweep import floats
+    from experiments.coverage_sweep import floats
 
-    p = argparse.ArgumentParser(prog="replay", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m experiments.replay", description=__doc__.split("\n\n")[0])
     p.add_argument("--data", choices=sorted(WINDOWS), default="synthetic")
     p.add_argument("--input", help="the log to ingest (synthetic: generated when absent)")
     p.add_argument("--sample-fraction", type=float,
@@ -180,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--test-from", help="VM variants test on [test-from, end) and train before it")
     p.add_argument("--budgets", type=floats, default=[0.05, 0.2, 0.4])
     p.add_argument("--ttls", type=floats, default=[1.0, 6.0, 24.0], help="pair-embedding TTLs in hours")
-    p.add_argument("--models", choices=["quick", "full"], default="quick", help="FM and verifier sizes")
+    p.add_argument("--models", choices=MODEL_SIZES, help="FM and verifier sizes (default: [models] sizes)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--reports", default="reports", help="the report goes to <reports>/replay_<source>/")
     p.add_argument("--config", help="SOLARIS TOML config")
@@ -188,8 +190,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from include.cli import parse_time
     from include.config import load_config
-    from model import evaluate, replay_eval
-    from spark_jobs import replay_report
+    from experiments import replay_eval, replay_report
+    from model import training
 
     base = WINDOWS[a.data]
     try:
@@ -207,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     from include.spark import get_spark
 
     spark = get_spark(cfg)
-    ec = evaluate.QUICK if a.models == "quick" else evaluate.EvalConfig()
+    ec = training.model_set(a.models or cfg.models.sizes)
     seeded = lambda t: replace(t, seed=a.seed)  # noqa: E731
     ec = replace(ec, fm_train=seeded(ec.fm_train), vm_train=seeded(ec.vm_train), ae_train=seeded(ec.ae_train),
                  split=replace(ec.split, seed=a.seed))
@@ -218,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             ingest(spark, cfg, a)
         result = run(spark, cfg, a.data, w, a.budgets, a.ttls, ec, rc, log=lambda s: print(s, flush=True))
     except (FileNotFoundError, ValueError) as e:  # missing tables, empty windows: say which, no traceback
-        p.exit(2, f"replay: error: {e}\n")
+        p.exit(2, f"{p.prog}: error: {e}\n")
     out = replay_report.write(result, Path(a.reports) / f"replay_{a.data}")
     print("\n" + (out / "report.md").read_text())
     print(f"wrote {out}/report.md, result.json and {len(list(out.glob('*.png')))} plots")
@@ -226,14 +228,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def ingest(spark, cfg, a) -> None:
-    from spark_jobs import pipeline
+    from spark_jobs.ingest import ingest as ingest_log
+    from spark_jobs.ingest import write_synthetic
 
     path = a.input
     if a.data == "synthetic" and not path:
-        from include import synthetic
-
-        path = str(cfg.lake.root_path.parent / "data" / "synthetic" / "clicks.csv")
-        synthetic.write_csv(synthetic.generate(synthetic.SyntheticConfig()), path)
+        path = write_synthetic(cfg)
     if a.sample_fraction is not None and a.sample_fraction < 1:
         import glob
 
@@ -247,7 +247,7 @@ def ingest(spark, cfg, a) -> None:
         print(f"sampled {rows_out:,} of {rows_in:,} clicks ({a.sample_fraction:.0%} of users) -> {out}", flush=True)
         path = str(out)
     print(f"ingesting {a.data} from {path}", flush=True)
-    report = pipeline.ingest(spark, cfg, a.data, path)
+    report = ingest_log(spark, cfg, a.data, path)
     print("\n".join(report.lines(cfg.lake.database)), flush=True)
 
 

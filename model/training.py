@@ -1,11 +1,8 @@
-"""Train FM, autoencoder, VM, VM+KD and VM+FM-embedding (oracle coverage) on one log and compare them.
+"""Train the model set on what the lake holds: FM, autoencoder, VM, VM+KD and VM+FM-embedding (oracle
+coverage), each saved in the registry. The daily DAG, the main job and the evaluations call
+``train_all``; the command line that ingests a log first is ``python -m experiments.model_eval``.
 
-    python -m model.evaluate --data mind --input ../shared/datasets/mind_small_subset
-    python -m model.evaluate --data globo --input '../shared/datasets/globo_news_clicks/clicks/*.csv.gz'
-    python -m model.evaluate --data synthetic            # generates, ingests, trains
-    python -m model.evaluate --source mind --skip-ingest # what is already in the lake
-
-Prints and writes (JSON + Markdown, under reports/) a table of params, FLOPs per pair, NE, AUC,
+``train_all`` returns, and ``write_report`` writes (JSON + Markdown), a table of params, FLOPs per pair, NE, AUC,
 calibration, NE relative to the VM and transfer ratio on the time-split test set, and saves every
 model in the registry (<lake>/models). The oracle variant feeds every test pair its own compressed
 FM embedding (tier ``exact``); serving-realistic coverage comes from the replay evaluation.
@@ -13,9 +10,7 @@ FM embedding (tier ``exact``); serving-realistic coverage comes from the replay 
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -35,7 +30,9 @@ REFERENCE = {"kd_transfer": "20-25%", "solaris_transfer": "42-44%", "ne_gain": "
 
 
 @dataclass(frozen=True)
-class EvalConfig:
+class ModelSetConfig:
+    """Sizes and training settings of every model ``train_all`` trains."""
+
     history_len: int = 50
     fm_dim: int = 64
     fm_layers: int = 2
@@ -47,11 +44,18 @@ class EvalConfig:
     vm_train: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=6, lr=3e-3))
     ae_train: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=20, lr=2e-3, patience=2))
     split: mdata.SplitConfig = field(default_factory=mdata.SplitConfig)
-    device: str = "auto"
 
 
-QUICK = EvalConfig(history_len=10, fm_dim=16, fm_layers=1, fm_trunk=64, fm_embedding=32, code_dim=8,
+QUICK = ModelSetConfig(history_len=10, fm_dim=16, fm_layers=1, fm_trunk=64, fm_embedding=32, code_dim=8,
                    fm_train=TrainConfig(epochs=2), vm_train=TrainConfig(epochs=2), ae_train=TrainConfig(epochs=3))
+
+
+def model_set(sizes: str) -> ModelSetConfig:
+    """The model set of a size name: ``quick`` or ``full`` (the ``[models] sizes`` values)."""
+    sets = {"quick": QUICK, "full": ModelSetConfig()}
+    if sizes not in sets:
+        raise ValueError(f"model sizes must be one of {', '.join(sets)}, got {sizes!r}")
+    return sets[sizes]
 
 
 def _with_codes(x: dict[str, np.ndarray], codes: np.ndarray | None, teacher: np.ndarray | None = None):
@@ -64,10 +68,10 @@ def _with_codes(x: dict[str, np.ndarray], codes: np.ndarray | None, teacher: np.
     return out
 
 
-def run(cfg, source: str | None, ec: EvalConfig = EvalConfig(), log=print, until=None) -> dict:
+def train_all(cfg, source: str | None, ec: ModelSetConfig = ModelSetConfig(), log=print, until=None) -> dict:
     """Everything after ingestion; returns the result table and where things were written.
     ``until``: train, validate and test on the requests before this time only."""
-    device = pick_device(ec.device)
+    device = pick_device(cfg.models.device)  # the [models] device: auto, cpu or cuda
     fm_train, vm_train, ae_train = (replace(t, device=str(device)) for t in (ec.fm_train, ec.vm_train, ec.ae_train))
     t0 = time.perf_counter()
     requests, events, items = mdata.load(cfg, source, until)
@@ -169,53 +173,3 @@ def write_report(result: dict, out: Path) -> tuple[Path, Path]:
     js.write_text(json.dumps(result, indent=1, default=float))
     md.write_text(to_markdown(result) + "\n")
     return js, md
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="model.evaluate", description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", choices=["synthetic", "mind", "globo", "clicklog"], help="ingest this log first")
-    p.add_argument("--input", help="path of the log to ingest")
-    p.add_argument("--source", help="source to train on (default: the --data's)")
-    p.add_argument("--skip-ingest", action="store_true", help="train on what is already in the lake")
-    p.add_argument("--quick", action="store_true", help="tiny models and few epochs (tests, smoke runs)")
-    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
-    p.add_argument("--max-train-requests", type=int, help="sample at most this many training requests")
-    p.add_argument("--reports", default="reports", help="folder for the JSON and Markdown results")
-    p.add_argument("--config", help="SOLARIS TOML config")
-    a = p.parse_args(sys.argv[1:] if argv is None else argv)
-
-    from include.config import load_config
-
-    cfg = load_config(a.config)
-    source = a.source or {"mind": "mind", "globo": "globo", "synthetic": "synthetic", "clicklog": "clicklog",
-                          None: None}[a.data]
-    if a.data and not a.skip_ingest:
-        from include.spark import get_spark
-        from spark_jobs import pipeline
-
-        path = a.input
-        if a.data == "synthetic" and not path:
-            from include import synthetic
-
-            path = str(cfg.lake.root_path.parent / "data" / "synthetic" / "clicks.csv")
-            synthetic.write_csv(synthetic.generate(synthetic.SyntheticConfig()), path)
-        if not path:
-            p.error(f"--input is required to ingest --data {a.data}")
-        print(f"ingesting {a.data} from {path}")
-        spark = get_spark(cfg)
-        report = pipeline.ingest(spark, cfg, a.data, path)
-        print("\n".join(report.lines(cfg.lake.database)))
-        spark.stop()
-    ec = replace(QUICK if a.quick else EvalConfig(), device=a.device)
-    if a.max_train_requests:
-        ec = replace(ec, split=replace(ec.split, max_train_requests=a.max_train_requests))
-    print(f"training on source {source!r}")
-    result = run(cfg, source, ec)
-    print("\n" + to_markdown(result))
-    js, md = write_report(result, Path(a.reports))
-    print(f"\nwrote {js} and {md.name}; models under {cfg.lake.root_path / 'models'}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -43,7 +43,6 @@ class ReplayEvalConfig:
     val_share: float = 0.2  # of the training hours' requests, the latest
     kd_alpha: float = 1.0
     vm_train: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=4, lr=3e-3))
-    device: str = "auto"
 
 
 def served_rows(cfg, features_path, start, end, source: str | None = None) -> pd.DataFrame:
@@ -59,7 +58,7 @@ def served_rows(cfg, features_path, start, end, source: str | None = None) -> pd
     served["ts"] = mdata.utc_naive(served["ts"])
     served = served[(served["ts"] >= pd.Timestamp(start)) & (served["ts"] < pd.Timestamp(end))
                     & served["label"].notna()]
-    context = mdata._read(cfg, "request_log", ["request_id", "item_id", "device", "surface"], source)
+    context = mdata.read_table(cfg, "request_log", ["request_id", "item_id", "device", "surface"], source)
     rows = served.merge(context, on=["request_id", "item_id"], how="left", validate="one_to_one")
     unknown = rows["device"].isna() & rows["surface"].isna()
     if unknown.any():
@@ -107,7 +106,7 @@ def evaluate(cfg, rows_by_point: dict[str, pd.DataFrame], main: str, test_from, 
              source: str | None = None, ec: ReplayEvalConfig = ReplayEvalConfig(), log=print) -> dict:
     """Train and compare the variants on the ``main`` point's served rows; train VM + SOLARIS
     (served) on every other point's rows too (same requests, other budget or TTL)."""
-    device = pick_device(ec.device)
+    device = pick_device(cfg.models.device)
     vm_train = replace(ec.vm_train, device=str(device))
     t0 = time.perf_counter()
     events, items = mdata.events_and_items(cfg, source)

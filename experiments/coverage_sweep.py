@@ -2,7 +2,7 @@
 per setting, with the jobs the hourly DAG runs (spark_jobs/cycle.py: resolve, precompute, user
 means, neighbors, publish), then the coverage by tier of the requests served in the measured hours.
 
-    python -m spark_jobs.coverage_sweep --start 2017-10-08T00:00:00 --end 2017-10-08T16:00:00 \\
+    python -m experiments.coverage_sweep --start 2017-10-08T00:00:00 --end 2017-10-08T16:00:00 \\
         --measure-from 2017-10-08T08:00:00 --budgets 0.05,0.1,0.2,0.4 --ttls 1,6,24
 
 The lake must hold an ingested log and trained models (e.g. ``python -m spark_jobs.pipeline --data
@@ -65,8 +65,8 @@ def point_config(cfg, p: SweepPoint, folder: str = "sweeps", tag: str = "sweep")
     ``<db>_<tag>_<setting>``): own root and database, the base lake's models."""
     db = f"{cfg.lake.database}_{tag}_{re.sub(r'[^0-9a-z]+', '_', p.name.lower())}"
     return cfg.with_overrides(lake={"root": str(cfg.lake.root_path / folder / p.name), "database": db},
-                              precompute={"budget": p.budget, "ttl_hours": p.ttl_hours,
-                                          "models_root": str(cfg.models_root)})
+                              precompute={"budget": p.budget, "ttl_hours": p.ttl_hours},
+                              models={"root": str(cfg.models_root)})
 
 
 def register_inputs(spark, cfg, pcfg) -> None:
@@ -163,7 +163,7 @@ def floats(text: str) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="coverage_sweep", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m experiments.coverage_sweep", description=__doc__.split("\n\n")[0])
     p.add_argument("--start", help="first cycle's t (UTC, ISO)")
     p.add_argument("--end", help="last cycle's t (UTC, ISO), inclusive")
     p.add_argument("--measure-from",

@@ -1,0 +1,23 @@
+"""The interface every online store implements: the embedded snapshot store (feature_store/online.py)
+and Redis (feature_store/redis_store.py). The HTTP service (feature_store/serve.py) and the replay
+talk to a store only through it, so one can stand in for the other."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+
+@runtime_checkable
+class LookupStore(Protocol):
+    def lookup(self, user_id: str, item_ids, now: datetime | None = None) -> tuple[np.ndarray, np.ndarray, str | None]:
+        """(embeddings (n, dim) float32, tier codes (n,) into TIERS, the serving snapshot's run id or None).
+        A pair with nothing to serve is tier ``none`` with zeros: a normal answer, never an exception."""
+
+    def status(self) -> dict:
+        """What /v1/status and /readyz report: at least ``ready``, ``snapshot_run_id`` and ``dim``."""
+
+    def stop(self) -> None:
+        """Release threads and connections; a stopped store is not used again."""
