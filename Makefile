@@ -7,11 +7,12 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test evaluate serve airflow sql spark-sql bench-ingest clean help
+.PHONY: install demo test test-fast evaluate serve airflow sql spark-sql bench-ingest clean help
 
 help:
 	@echo "make demo    - install, then run the main job on a synthetic log (local Spark, Delta lake in ./lake)"
 	@echo "make test    - install, then run the whole test suite"
+	@echo "make test-fast           - only the tests that need nothing but Python (marker unit; seconds)"
 	@echo "make evaluate DATA=synthetic|mind|globo - replay evaluation, report in reports/replay_DATA/ (lake in lake-eval/DATA)"
 	@echo "make serve               - the online lookup service on 127.0.0.1:8765 over ./lake"
 	@echo "make airflow             - Airflow standalone (SQLite) with the SOLARIS DAGs on http://127.0.0.1:8080 (AIRFLOW_PORT=...)"
@@ -36,6 +37,10 @@ demo: install
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The inner loop: tests marked unit (no Spark, Airflow, browser, Redis or Compose). Markers in pyproject.toml.
+test-fast: install
+	$(PY) -m pytest -m unit $(PYTEST_ARGS)
 
 # Replay evaluation (experiments/replay.py) in a lake of its own per data set. The real logs default
 # to ../shared/datasets; Globo replays the whole histories of 5% of its users (SAMPLE=1: all).

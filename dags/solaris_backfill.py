@@ -2,7 +2,8 @@
 ### solaris_backfill (manual)
 
 The hourly cycle over a range of interval ends, in order, in one Spark application
-(`spark_jobs/backfill.py`): trigger with params `start` and `end` (UTC, ISO, both inclusive) and
+(`spark_jobs/backfill.py`): trigger with params `start` and `end` (UTC, ISO; the half-open range
+[start, end) of request time, so the cycles run at every hour end in (start, end]) and
 optionally `stages` (default all: resolve, precompute, user_means, user_neighbors, publish).
 Each interval is idempotent, so a failed backfill is rerun over the same range. For very large
 ranges the same command runs with `spark-submit --master spark://...` on a cluster.
@@ -33,8 +34,8 @@ def publish_redis() -> str:
     tags=["solaris", "backfill", "manual"],
     doc_md=__doc__,
     params={
-        "start": Param("2026-01-05T01:00:00", type="string", description="first interval end, UTC ISO"),
-        "end": Param("2026-01-05T03:00:00", type="string", description="last interval end, UTC ISO, inclusive"),
+        "start": Param("2026-01-05T00:00:00", type="string", description="first request time, UTC ISO, inclusive"),
+        "end": Param("2026-01-05T03:00:00", type="string", description="last request time, UTC ISO, exclusive"),
         "stages": Param("resolve,precompute,user_means,user_neighbors,publish", type="string"),
     },
 )

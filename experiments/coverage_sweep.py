@@ -26,6 +26,7 @@ from datetime import datetime
 
 from pyspark.sql import functions as F
 
+from feature_store import lake
 from feature_store.resolution import TIERS
 from feature_store.tables import (COVERAGE_SWEEP, ITEMS, PRECOMPUTE_RUNS, REQUEST_LOG, USER_EVENTS, conform,
                                   ensure_tables, qualified_name)
@@ -124,8 +125,7 @@ def save(spark, cfg, rows: list[dict]) -> None:
     where = (f"point = '{r['point']}' AND replay_start = '{r['replay_start']}' "
              f"AND interval_start = '{r['interval_start']}' AND interval_end = '{r['interval_end']}'")
     df = conform(spark.createDataFrame(rows, COVERAGE_SWEEP.schema()), COVERAGE_SWEEP)
-    df.write.format("delta").mode("overwrite").option("replaceWhere", where) \
-        .save(str(cfg.lake.table_path(COVERAGE_SWEEP.name)))
+    lake.replace(cfg, COVERAGE_SWEEP, df, where)
 
 
 def table(rows: list[dict]) -> str:
@@ -165,7 +165,7 @@ def floats(text: str) -> list[float]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.coverage_sweep", description=__doc__.split("\n\n")[0])
     p.add_argument("--start", help="first cycle's t (UTC, ISO)")
-    p.add_argument("--end", help="last cycle's t (UTC, ISO), inclusive")
+    p.add_argument("--end", help="requests [start, end) are served by the replay: cycles run at every hour from start to end")
     p.add_argument("--measure-from",
                    help="coverage counts requests in [measure-from, end): leave the first hours to warm up")
     p.add_argument("--budgets", type=floats, default=[0.05, 0.1, 0.2, 0.4])

@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="replay the whole histories of this share of users (include/sample.py) instead of the whole log")
     p.add_argument("--skip-ingest", action="store_true", help="use what is already in the lake")
     p.add_argument("--start", help="first cycle (UTC, ISO, whole hour); default: the data set's window")
-    p.add_argument("--end", help="last cycle, inclusive")
+    p.add_argument("--end", help="requests [start, end) are replayed: cycles run at every hour from start to end")
     p.add_argument("--measure-from", help="coverage counts requests in [measure-from, end)")
     p.add_argument("--test-from", help="VM variants test on [test-from, end) and train before it")
     p.add_argument("--budgets", type=floats, default=[0.05, 0.2, 0.4])

@@ -18,13 +18,15 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
 
+from feature_store.lake import arrow_schema, read_arrow, table_path, utc_now
 from feature_store.resolution import EXACT, Snapshot
 from feature_store.store import LookupStore
+from feature_store.tables import FEATURE_VERSIONS, MISS_QUEUE
 
 log = logging.getLogger("solaris.online")
 
@@ -38,14 +40,10 @@ class Published:
 
 def latest_publication(tables_root: str | Path) -> Published | None:
     """The newest row of feature_versions, or None when nothing was published yet."""
-    from deltalake import DeltaTable
-    from deltalake.exceptions import TableNotFoundError
-
     try:
-        table = DeltaTable(str(Path(tables_root) / "feature_versions"))
-    except TableNotFoundError:
+        rows = read_arrow(tables_root, FEATURE_VERSIONS).to_pylist()
+    except FileNotFoundError:
         return None
-    rows = table.to_pyarrow_dataset().to_table().to_pylist()
     if not rows:
         return None
     row = max(rows, key=lambda r: (r["interval_end"], r["published_at"]))
@@ -57,7 +55,7 @@ class MissRecorder:
     """Bounded buffer of (user_id, item_id, requested_at) flushed to miss_queue by a background thread."""
 
     def __init__(self, tables_root: str | Path, capacity: int = 100_000, flush_seconds: float = 2.0):
-        self.path = str(Path(tables_root) / "miss_queue")
+        self.path = str(table_path(tables_root, MISS_QUEUE))
         self.capacity, self.flush_seconds = capacity, flush_seconds
         self._buf: list[tuple[str, str, datetime]] = []
         self._lock = threading.Lock()
@@ -85,12 +83,9 @@ class MissRecorder:
             rows, self._buf = self._buf, []
         if not rows:
             return 0
-        ts = pa.timestamp("us", tz="UTC")
-        table = pa.table({"user_id": pa.array([r[0] for r in rows], pa.string()),
-                          "item_id": pa.array([r[1] for r in rows], pa.string()),
-                          "requested_at": pa.array([r[2] for r in rows], ts),
-                          "origin": pa.array(["lookup"] * len(rows), pa.string()),
-                          "consumed_by_run": pa.array([None] * len(rows), pa.string())})
+        table = pa.table({"user_id": [r[0] for r in rows], "item_id": [r[1] for r in rows],
+                          "requested_at": [r[2] for r in rows], "origin": ["lookup"] * len(rows),
+                          "consumed_by_run": [None] * len(rows)}, schema=arrow_schema(MISS_QUEUE))
         try:
             write_deltalake(self.path, table, mode="append")
         except Exception as e:  # the table is missing or busy: keep what fits, try again next time
@@ -185,7 +180,7 @@ class OnlineStore(LookupStore):
     def lookup(self, user_id: str, item_ids, now: datetime | None = None) -> tuple[np.ndarray, np.ndarray, str | None]:
         """(embeddings (n, dim) float32, tier codes (n,), snapshot run id). ``now`` defaults to the clock."""
         state = self._state  # the snapshot for the whole request, whatever a reload does meanwhile
-        now = now or datetime.now(timezone.utc).replace(tzinfo=None)
+        now = now or utc_now()
         emb, tiers = state.snapshot.lookup(user_id, item_ids, now)
         if self.misses is not None and len(tiers):
             missed = tiers != EXACT

@@ -13,6 +13,8 @@ from pathlib import Path
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from feature_store import lake
+
 log = logging.getLogger(__name__)
 
 
@@ -113,7 +115,7 @@ def feature_table_checks(spark, cfg, t, dim: int) -> dict[str, tuple[DataFrame, 
 
     import great_expectations.expectations as gxe
 
-    db, run_id = cfg.lake.database, t.isoformat(timespec="seconds")
+    db, run_id = cfg.lake.database, lake.run_id(t)
 
     def embedding_rows(name: str) -> DataFrame:
         return (spark.table(f"{db}.{name}").where(F.col("run_id") == run_id)
@@ -146,4 +148,4 @@ def feature_table_checks(spark, cfg, t, dim: int) -> dict[str, tuple[DataFrame, 
 
 def validate_feature_tables(spark, cfg, t, dim: int) -> str:
     return validate("feature_tables", feature_table_checks(spark, cfg, t, dim), cfg.lake.quality_path / "feature_tables",
-                    t.isoformat(timespec="seconds").replace(":", ""))
+                    lake.run_id(t).replace(":", ""))

@@ -26,10 +26,11 @@ import json
 import struct
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import datetime
 
 import numpy as np
 
+from feature_store.lake import utc_now
 from feature_store.resolution import NONE, Snapshot
 from feature_store.store import LookupStore
 
@@ -107,7 +108,7 @@ class RedisStore(LookupStore):
         return ns, meta
 
     def lookup(self, user_id: str, item_ids, now: datetime | None = None):
-        now = now or datetime.now(timezone.utc).replace(tzinfo=None)
+        now = now or utc_now()
         items = [str(i) for i in item_ids]
         ns, meta = self._namespace()
         dim = int(meta.get("dim", 32))

@@ -51,6 +51,12 @@ def to_micros(t) -> np.ndarray:
     return idx.as_unit("us").asi8
 
 
+def valid_at(validity: np.ndarray, now: np.ndarray) -> np.ndarray:
+    """The validity rule on arrays: ``computed_at <= now < expires_at`` for (..., 2) int64 µs
+    (computed_at, expires_at). Its Spark form is ``feature_store.lake.valid_at``."""
+    return (validity[..., 0] <= now) & (now < validity[..., 1])
+
+
 def neighbor_weights(similarity: np.ndarray, usable: np.ndarray) -> np.ndarray:
     """(m, k) weights summing to 1 over each row's usable neighbors (all 0 where none is usable)."""
     w = np.where(usable, np.clip(similarity, 0.0, None), 0.0)
@@ -219,22 +225,20 @@ class Snapshot:
 
         A table that does not exist yet is read as empty; one that exists but cannot be read raises.
         """
-        from deltalake import DeltaTable
-        from deltalake.exceptions import TableNotFoundError
+        from feature_store.lake import read_arrow
+        from feature_store.tables import PAIR_EMBEDDINGS, USER_MEAN_EMBEDDINGS, USER_NEIGHBORS
 
         versions = versions or {}
         read = {}
-        for name, cols in (("pair_embeddings", PAIR_COLUMNS), ("user_mean_embeddings", MEAN_COLUMNS),
-                           ("user_neighbors", NEIGHBOR_COLUMNS)):
-            path = Path(tables_root) / name
+        for spec, cols in ((PAIR_EMBEDDINGS, PAIR_COLUMNS), (USER_MEAN_EMBEDDINGS, MEAN_COLUMNS),
+                           (USER_NEIGHBORS, NEIGHBOR_COLUMNS)):
+            version = versions.get(f"{spec.name}_version")
             try:
-                table = DeltaTable(str(path), version=versions.get(f"{name}_version"))
-            except TableNotFoundError:
-                if versions.get(f"{name}_version") is not None:
+                read[spec.name] = read_arrow(tables_root, spec, version, columns=list(cols))
+            except FileNotFoundError:
+                if version is not None:  # a published version that is gone is an error, not "empty"
                     raise
-                read[name] = None
-                continue
-            read[name] = table.to_pyarrow_dataset().to_table(columns=list(cols))
+                read[spec.name] = None
         return cls.from_arrow(read["pair_embeddings"], read["user_mean_embeddings"], read["user_neighbors"], dim, run_id)
 
     def _pairs(self, u: np.ndarray, i: np.ndarray, now: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -245,12 +249,10 @@ class Snapshot:
         if not len(self.pair_keys):
             return pos, np.zeros(keys.shape, bool)
         found = (u >= 0) & (i >= 0) & (self.pair_keys[pos] == keys)
-        v = self.pair_valid[pos]
-        return pos, found & (v[..., 0] <= now) & (now < v[..., 1])
+        return pos, found & valid_at(self.pair_valid[pos], now)
 
     def _mean_ok(self, u: np.ndarray, now: np.ndarray) -> np.ndarray:
-        v = self.mean_valid[u]
-        return (v[..., 0] <= now) & (now < v[..., 1])
+        return valid_at(self.mean_valid[u], now)
 
     def resolve(self, user_ids, item_ids, now) -> tuple[np.ndarray, np.ndarray]:
         """(embeddings (n, dim) float32, tier codes (n,) int8) for n rows of (user, item, time).
@@ -274,8 +276,7 @@ class Snapshot:
         out[mean] = self.mean_embedding[u[mean]]
         tier[mean] = USER_MEAN
 
-        nv = self.neighbor_valid[u]
-        rest = np.flatnonzero((tier == NONE) & (nv[:, 0] <= now) & (now < nv[:, 1])) \
+        rest = np.flatnonzero((tier == NONE) & valid_at(self.neighbor_valid[u], now)) \
             if self.neighbor_ids.shape[1] else np.zeros(0, np.int64)
         if len(rest):
             nb = self.neighbor_ids[u[rest]]  # (m, k)

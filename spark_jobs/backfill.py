@@ -1,10 +1,11 @@
-"""Hourly cycles over a range of interval ends, in order: the entry point for large backfills and replays.
+"""Hourly cycles over a range of request time, in order: the entry point for large backfills and replays.
 
     python -m spark_jobs.backfill --start 2026-01-05T06:00:00 --end 2026-01-05T12:00:00 [--step-hours 1]
     spark-submit --master spark://host:7077 --properties-file lake/spark-solaris.conf \\
         spark_jobs/backfill.py --start ... --end ...
 
-Runs t = start, start + step, ..., end (inclusive), each exactly as the hourly cycle does it
+``--start S --end E`` is the half-open range [S, E) of request time, as on every entry point: the
+cycles run at t = S + step, S + 2 step, ..., E, the interval of each being [t - step, t), each exactly as the hourly cycle does it
 (spark_jobs/cycle.py: resolve the past step's requests, precompute, user means, neighbors,
 publish; ``--stages`` picks a subset), in one Spark application. A failed run stops the backfill; runs before it stay committed and rerunning
 the range redoes them idempotently.
@@ -33,8 +34,8 @@ def interval_ends(start, end, step_hours: float) -> list:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m spark_jobs.backfill", description=__doc__.split("\n\n")[0])
-    p.add_argument("--start", required=True, help="first interval end (UTC, ISO)")
-    p.add_argument("--end", required=True, help="last interval end (UTC, ISO), inclusive")
+    p.add_argument("--start", required=True, help="first request time (UTC, ISO), inclusive")
+    p.add_argument("--end", required=True, help="last request time (UTC, ISO), exclusive: the last cycle's t")
     p.add_argument("--step-hours", type=float, default=1.0)
     p.add_argument("--stages", default=",".join(cycle.STAGES), help="comma-separated subset of: %(default)s")
     p.add_argument("--record-misses", action="store_true", help="queue candidates served without their exact "
@@ -47,7 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     from include.spark import get_spark
 
     stages = tuple(s.strip() for s in a.stages.split(",") if s.strip())
-    ends = interval_ends(parse_time(a.start), parse_time(a.end), a.step_hours)
+    start, end = parse_time(a.start), parse_time(a.end)
+    if end <= start:
+        p.error(f"empty range: --end {a.end} is not after --start {a.start}")
+    ends = interval_ends(start + timedelta(hours=a.step_hours), end, a.step_hours)
     cfg = load_config(a.config)
     spark = get_spark(cfg)
     for i, t in enumerate(ends, 1):

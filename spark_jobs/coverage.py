@@ -13,6 +13,7 @@ from datetime import datetime
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
+from feature_store import lake
 from feature_store.resolution import TIERS
 from feature_store.tables import (COVERAGE_REPORT, REQUEST_FEATURES, conform, ensure_tables, in_time_range,
                                   qualified_name)
@@ -47,8 +48,7 @@ def run(spark, cfg, start: datetime, end: datetime) -> list[tuple]:
     rows = conform(coverage(features).withColumn("report_id", F.lit(report_id))
                    .withColumn("interval_start", F.lit(start).cast("timestamp"))
                    .withColumn("interval_end", F.lit(end).cast("timestamp")), COVERAGE_REPORT)
-    rows.write.format("delta").mode("overwrite").option("replaceWhere", f"report_id = '{report_id}'") \
-        .save(str(cfg.lake.table_path(COVERAGE_REPORT.name)))
+    lake.replace(cfg, COVERAGE_REPORT, rows, f"report_id = '{report_id}'")
     out = spark.table(qualified_name(COVERAGE_REPORT, db)).where(F.col("report_id") == report_id).collect()
     order = {b: i for i, b in enumerate(("all", *BUCKETS))}
     return sorted(((r.activity, r.tier, r.pairs, r.share) for r in out),

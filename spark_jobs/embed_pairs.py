@@ -54,11 +54,3 @@ def to_rows(embedded: DataFrame, t: datetime, ttl_hours: float, model_version: s
                            F.lit(t).cast("timestamp").alias("computed_at"),
                            F.lit(t + timedelta(hours=ttl_hours)).cast("timestamp").alias("expires_at"),
                            F.lit(run_id).alias("run_id"))
-
-
-def merge(spark, rows: DataFrame, table: str) -> None:
-    from delta.tables import DeltaTable
-
-    (DeltaTable.forName(spark, table).alias("t")
-     .merge(rows.alias("s"), "t.user_id = s.user_id AND t.item_id = s.item_id")
-     .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())

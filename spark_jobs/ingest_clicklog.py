@@ -19,10 +19,11 @@ import argparse
 import sys
 import time
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+
+from feature_store import lake
 
 from spark_jobs.candidates import clicks_to_requests
 
@@ -167,7 +168,7 @@ def ingest(spark, cfg, path: str, spec: ClickLogSpec, fmt: str = "csv"):
         records_in = parsed.count()
         if records_in == 0:
             raise InputError(f"{path}: input has a header but no records")
-        ingested_at = datetime.now(timezone.utc).replace(tzinfo=None)  # bookkeeping, not data selection
+        ingested_at = lake.utc_now()  # bookkeeping, not data selection
         bad = quarantine_rows(parsed.where(F.col("reason").isNotNull()), spec.source, path, ingested_at)
         clicks = parsed.where(F.col("reason").isNull()).drop("raw", "reason")
         params = cfg.clicklog

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from feature_store import quality
+from feature_store import lake, quality
 from feature_store.tables import (INGEST_RUNS, ITEMS, REQUEST_LOG, REQUEST_LOG_QUARANTINE, USER_EVENTS,
-                                  conform, ensure_tables, qualified_name)
+                                  conform, ensure_tables)
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,6 @@ def write_ingest(spark, cfg, *, source: str, input_path: str, records_in: int, r
                  started: float, other_inputs: tuple[str, ...] = ()) -> IngestReport:
     """Validate, then write every output of one run. ``other_inputs`` are further files whose bad
     records are in ``quarantine`` (e.g. MIND's news.tsv beside behaviors.tsv)."""
-    db = cfg.lake.database
     ensure_tables(spark, cfg)
     requests = conform(requests, REQUEST_LOG).persist()
     events = conform(events, USER_EVENTS).persist()
@@ -81,53 +80,36 @@ def write_ingest(spark, cfg, *, source: str, input_path: str, records_in: int, r
             report_path = quality.validate_request_log(requests, cfg, run_name=_safe(run_id))
 
         paths = ", ".join(f"'{_sql(p)}'" for p in (input_path, *other_inputs))
-        _replace(quarantine, str(cfg.lake.table_path(REQUEST_LOG_QUARANTINE.name)),
-                 f"source = '{_sql(source)}' AND input_path IN ({paths})")
+        lake.replace(cfg, REQUEST_LOG_QUARANTINE, quarantine,
+                     f"source = '{_sql(source)}' AND input_path IN ({paths})")
         if stats.rows:
-            _replace(requests, str(cfg.lake.table_path(REQUEST_LOG.name)),
-                     f"source = '{_sql(source)}' AND ts >= '{stats.min_ts}' AND ts <= '{stats.max_ts}'",
-                     REQUEST_LOG.partition_by)
+            lake.replace(cfg, REQUEST_LOG, requests,
+                         f"source = '{_sql(source)}' AND ts >= '{stats.min_ts}' AND ts <= '{stats.max_ts}'",
+                         repartition=True)
         if ev.rows:
-            _replace(events, str(cfg.lake.table_path(USER_EVENTS.name)),
-                     f"source = '{_sql(source)}' AND ts >= '{ev.min_ts}' AND ts <= '{ev.max_ts}'",
-                     USER_EVENTS.partition_by)
+            lake.replace(cfg, USER_EVENTS, events,
+                         f"source = '{_sql(source)}' AND ts >= '{ev.min_ts}' AND ts <= '{ev.max_ts}'",
+                         repartition=True)
         item_rows = 0
         if items is not None:
             items = conform(items, ITEMS)
-            item_rows = _merge(spark, items, qualified_name(ITEMS, db), ITEMS.primary_key)
+            items = items.dropDuplicates(list(ITEMS.primary_key))
+            lake.upsert(spark, cfg, ITEMS, items)
+            item_rows = items.count()
         report = IngestReport(
             run_id=run_id, source=source, input_path=input_path, records_in=records_in,
             request_rows=stats.rows, requests=stats.requests, event_rows=ev.rows, item_rows=item_rows,
             quarantined=quarantine.count(), min_ts=stats.min_ts, max_ts=stats.max_ts,
             seconds=round(time.perf_counter() - started, 3),
-            finished_at=datetime.now(timezone.utc).replace(tzinfo=None),  # bookkeeping only, not data selection
+            finished_at=lake.utc_now(),  # bookkeeping only, not data selection
             quality_report=report_path)
         run_row = {k: v for k, v in asdict(report).items() if k in INGEST_RUNS.column_names}
-        _merge(spark, conform(spark.createDataFrame([run_row], INGEST_RUNS.schema()), INGEST_RUNS),
-               qualified_name(INGEST_RUNS, db), INGEST_RUNS.primary_key)
+        lake.upsert(spark, cfg, INGEST_RUNS, conform(spark.createDataFrame([run_row], INGEST_RUNS.schema()), INGEST_RUNS))
         return report
     finally:
         requests.unpersist()
         events.unpersist()
         quarantine.unpersist()
-
-
-def _replace(df: DataFrame, location: str, predicate: str, partition_by: tuple[str, ...] = ()) -> None:
-    # One file per table partition rather than one per (task, partition).
-    if partition_by:
-        df = df.repartition(*partition_by)
-    # By path: a catalog-level overwrite would try to alter the metastore's copy of the schema.
-    df.write.format("delta").mode("overwrite").option("replaceWhere", predicate).save(location)
-
-
-def _merge(spark, df: DataFrame, table: str, keys: tuple[str, ...]) -> int:
-    from delta.tables import DeltaTable
-
-    df = df.dropDuplicates(list(keys))
-    cond = " AND ".join(f"t.{k} <=> s.{k}" for k in keys)
-    DeltaTable.forName(spark, table).alias("t").merge(df.alias("s"), cond) \
-        .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute()
-    return df.count()
 
 
 def _sql(s: str) -> str:

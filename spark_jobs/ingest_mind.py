@@ -21,10 +21,11 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from datetime import datetime, timezone
 
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
+
+from feature_store import lake
 
 MIND_TIME = "M/d/yyyy h:mm:ss a"
 TOKEN = r"^[^\s-]+(-[01])?$"
@@ -107,7 +108,7 @@ def ingest(spark, cfg, behaviors: str, news: str | None = None, source: str = "m
         records_in = parsed.count()
         if records_in == 0:
             raise InputError(f"{behaviors}: no impression lines")
-        ingested_at = datetime.now(timezone.utc).replace(tzinfo=None)  # bookkeeping, not data selection
+        ingested_at = lake.utc_now()  # bookkeeping, not data selection
         quarantine = quarantine_rows(parsed.where(F.col("reason").isNotNull()), source, behaviors, ingested_at)
         good = parsed.where(F.col("reason").isNull())
         requests = to_requests(good, source)

@@ -20,6 +20,7 @@ from pyspark.sql import functions as F
 
 from feature_store.tables import (MISS_QUEUE, PAIR_EMBEDDINGS, PRECOMPUTE_RUNS, REQUEST_LOG, USER_EVENTS,
                                   VERIFIER_SCORES, conform, ensure_tables, in_time_range, qualified_name)
+from feature_store import lake
 from include.cli import run_at_time
 from spark_jobs import embed_pairs, speculate
 
@@ -70,7 +71,7 @@ def run(spark, cfg, t: datetime) -> RunCounters:
     models = registry.resolve_models(cfg)  # fails here, before any work, if a checkpoint is missing
     ae = registry.load(models["autoencoder"], EmbeddingAutoencoder, AEConfig)  # and here if it does not match
     fm_version = f"fm/{models['fm'].rsplit('/', 1)[-1]}+autoencoder/{models['autoencoder'].rsplit('/', 1)[-1]}"
-    run_id = t.isoformat(timespec="seconds")
+    run_id = lake.run_id(t)
     specs = (REQUEST_LOG, USER_EVENTS, PAIR_EMBEDDINGS, VERIFIER_SCORES, MISS_QUEUE, PRECOMPUTE_RUNS)
     ensure_tables(spark, cfg, specs)
     lap("setup")
@@ -92,8 +93,7 @@ def run(spark, cfg, t: datetime) -> RunCounters:
     try:
         decided = speculate.select(scored, fresh, pc, t)
         audit = conform(decided.withColumn("run_id", F.lit(run_id)), VERIFIER_SCORES)
-        audit.write.format("delta").mode("overwrite").option("replaceWhere", f"run_id = '{run_id}'") \
-            .save(str(cfg.lake.table_path(VERIFIER_SCORES.name)))
+        lake.replace(cfg, VERIFIER_SCORES, audit, f"run_id = '{run_id}'")
     finally:
         scored.unpersist()
     lap("speculate+verify")
@@ -112,7 +112,7 @@ def run(spark, cfg, t: datetime) -> RunCounters:
     try:
         embed_pairs.check_embeddings(rows, ae.cfg.code_dim)
         n_embedded = rows.count()
-        embed_pairs.merge(spark, rows, name["pair_embeddings"])
+        lake.upsert(spark, cfg, PAIR_EMBEDDINGS, rows)
     finally:
         rows.unpersist()
     lap("embed+merge")
@@ -141,8 +141,7 @@ def run(spark, cfg, t: datetime) -> RunCounters:
                            queue_waiting=waiting, vm_version=f"vm/{models['vm'].rsplit('/', 1)[-1]}",
                            fm_version=fm_version, seconds=round(time.perf_counter() - started, 2))
     row = conform(spark.createDataFrame([counters.row()], PRECOMPUTE_RUNS.schema()), PRECOMPUTE_RUNS)
-    (DeltaTable.forName(spark, name["precompute_runs"]).alias("t").merge(row.alias("s"), "t.run_id = s.run_id")
-     .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())
+    lake.upsert(spark, cfg, PRECOMPUTE_RUNS, row)
     lap("counters")
     return replace(counters, stage_seconds=tuple(stages))
 
@@ -155,7 +154,7 @@ def expire(spark, cfg, t: datetime) -> int:
     table = DeltaTable.forName(spark, qualified_name(PAIR_EMBEDDINGS, cfg.lake.database))
     n = table.toDF().where(F.col("expires_at") <= F.lit(t)).count()
     if n:
-        table.delete(F.col("expires_at") <= F.lit(t))
+        lake.delete_expired(spark, cfg, PAIR_EMBEDDINGS, t)
     every = cfg.precompute.vacuum_every_hours
     # VACUUM lists every file of the table: the most expensive step of a run, and needed far less
     # often than hourly. Whether it runs follows from t, not the clock, so reruns do the same.

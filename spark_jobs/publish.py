@@ -10,30 +10,26 @@ would have been served can be recomputed later, exactly.
 from __future__ import annotations
 
 import sys
-from datetime import datetime, timezone
+from datetime import datetime
 
 from pyspark.sql import functions as F
 
 from feature_store.tables import (FEATURE_VERSIONS, PAIR_EMBEDDINGS, USER_MEAN_EMBEDDINGS, USER_NEIGHBORS, conform,
                                   ensure_tables, qualified_name)
+from feature_store import lake
 from include.cli import print_counters, run_at_time
 
 SERVING_TABLES = (PAIR_EMBEDDINGS, USER_MEAN_EMBEDDINGS, USER_NEIGHBORS)
 
 
 def run(spark, cfg, t: datetime) -> dict:
-    from delta.tables import DeltaTable
-
-    db = cfg.lake.database
     ensure_tables(spark, cfg, (*SERVING_TABLES, FEATURE_VERSIONS))
-    row = {"run_id": t.isoformat(timespec="seconds"), "interval_end": t,
-           "published_at": datetime.now(timezone.utc).replace(tzinfo=None)}  # wall clock: when, not what
+    row = {"run_id": lake.run_id(t), "interval_end": t, "published_at": lake.utc_now()}  # wall clock: when, not what
     for spec in SERVING_TABLES:
-        row[f"{spec.name}_version"] = DeltaTable.forName(spark, qualified_name(spec, db)).history(1).first()["version"]
+        row[f"{spec.name}_version"] = lake.latest_version(spark, cfg, spec)
     df = conform(spark.createDataFrame([row]).withColumn("interval_end", F.col("interval_end").cast("timestamp")),
                  FEATURE_VERSIONS)
-    (DeltaTable.forName(spark, qualified_name(FEATURE_VERSIONS, db)).alias("t")
-     .merge(df.alias("s"), "t.run_id = s.run_id").whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())
+    lake.upsert(spark, cfg, FEATURE_VERSIONS, df)
     return {k: v for k, v in row.items() if k != "published_at"}
 
 

@@ -21,6 +21,7 @@ from datetime import datetime
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from feature_store import lake
 from feature_store.resolution import TIERS
 from feature_store.tables import (MISS_QUEUE, REQUEST_FEATURES, REQUEST_LOG, conform, ensure_tables,
                                   in_time_range, qualified_name)
@@ -56,8 +57,6 @@ def resolve(requests: DataFrame, publications: list[dict], tables_root: str, dim
 
 
 def run(spark, cfg, start: datetime, end: datetime, record_misses: bool = False, dim: int | None = None) -> dict:
-    from delta.tables import DeltaTable
-
     from spark_jobs.publish import published
     from model.registry import code_dim
 
@@ -74,9 +73,7 @@ def run(spark, cfg, start: datetime, end: datetime, record_misses: bool = False,
                    REQUEST_FEATURES).persist()
     try:
         by_tier = {r.tier: r["count"] for r in rows.groupBy("tier").count().collect()}
-        rows.write.format("delta").mode("overwrite") \
-            .option("replaceWhere", f"ts >= '{start}' AND ts < '{end}'") \
-            .save(str(cfg.lake.table_path(REQUEST_FEATURES.name)))
+        lake.replace(cfg, REQUEST_FEATURES, rows, f"ts >= '{start}' AND ts < '{end}'")
         queued = 0
         if record_misses:
             misses = (rows.where(F.col("tier") != "exact")
@@ -84,10 +81,7 @@ def run(spark, cfg, start: datetime, end: datetime, record_misses: bool = False,
                               F.lit(None).cast("string").alias("consumed_by_run")).dropDuplicates(
                                   ["user_id", "item_id", "requested_at"]))
             queued = misses.count()
-            (DeltaTable.forName(spark, qualified_name(MISS_QUEUE, db)).alias("q")
-             .merge(conform(misses, MISS_QUEUE).alias("s"),
-                    "q.user_id = s.user_id AND q.item_id = s.item_id AND q.requested_at = s.requested_at")
-             .whenNotMatchedInsertAll().execute())
+            lake.upsert(spark, cfg, MISS_QUEUE, conform(misses, MISS_QUEUE), update=False)  # a queued miss stays as it is
     finally:
         rows.unpersist()
     total = sum(by_tier.values())

@@ -20,6 +20,7 @@ from pyspark.sql import functions as F
 from feature_store.quality import valid_embedding
 from feature_store.tables import (PAIR_EMBEDDINGS, USER_EMBEDDING_SUMS, USER_MEAN_EMBEDDINGS, conform,
                                   ensure_tables, qualified_name)
+from feature_store import lake
 from include.cli import print_counters, run_at_time
 
 
@@ -59,7 +60,7 @@ def run(spark, cfg, t: datetime, dim: int | None = None) -> dict:
 
     started = time.perf_counter()
     fb, db = cfg.fallback, cfg.lake.database
-    run_id = t.isoformat(timespec="seconds")
+    run_id = lake.run_id(t)
     ensure_tables(spark, cfg, (PAIR_EMBEDDINGS, USER_EMBEDDING_SUMS, USER_MEAN_EMBEDDINGS))
     if dim is None:
         from model.registry import code_dim
@@ -70,8 +71,7 @@ def run(spark, cfg, t: datetime, dim: int | None = None) -> dict:
     n_pairs = pairs.count()
     n_good = good.count()
     sums = conform(partial_sums(good, run_id, t), USER_EMBEDDING_SUMS)
-    sums.write.format("delta").mode("overwrite").option("replaceWhere", f"run_id = '{run_id}'") \
-        .save(str(cfg.lake.table_path(USER_EMBEDDING_SUMS.name)))
+    lake.replace(cfg, USER_EMBEDDING_SUMS, sums, f"run_id = '{run_id}'")
 
     start = t - timedelta(hours=fb.user_mean_window_hours)
     all_sums = DeltaTable.forName(spark, qualified_name(USER_EMBEDDING_SUMS, db))
@@ -79,18 +79,17 @@ def run(spark, cfg, t: datetime, dim: int | None = None) -> dict:
                    USER_MEAN_EMBEDDINGS).persist()
     try:
         n_users = rows.count()
-        (DeltaTable.forName(spark, qualified_name(USER_MEAN_EMBEDDINGS, db)).alias("t")
-         .merge(rows.alias("s"), "t.user_id = s.user_id").whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())
+        lake.upsert(spark, cfg, USER_MEAN_EMBEDDINGS, rows)
     finally:
         rows.unpersist()
     # Cleanup only: readers never serve an expired mean, and partials before the window are unused.
     table = DeltaTable.forName(spark, qualified_name(USER_MEAN_EMBEDDINGS, db))
     expired = table.toDF().where(F.col("expires_at") <= F.lit(t)).count()
     if expired:
-        table.delete(F.col("expires_at") <= F.lit(t))
+        lake.delete_expired(spark, cfg, USER_MEAN_EMBEDDINGS, t)
     old = all_sums.toDF().where(F.col("computed_at") < F.lit(start)).select("run_id").distinct().count()
     if old:
-        all_sums.delete(F.col("computed_at") < F.lit(start))
+        lake.delete_where(spark, cfg, USER_EMBEDDING_SUMS, F.col("computed_at") < F.lit(start))
     return {"run_id": run_id, "pairs_of_run": n_pairs, "excluded_invalid": n_pairs - n_good,
             "users_updated": n_users, "expired_removed": expired, "old_partial_runs_removed": old,
             "seconds": round(time.perf_counter() - started, 2)}

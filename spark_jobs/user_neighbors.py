@@ -27,6 +27,7 @@ from pyspark.sql import functions as F
 
 from feature_store.tables import (REQUEST_LOG, USER_EVENTS, USER_MEAN_EMBEDDINGS, USER_NEIGHBORS, conform,
                                   ensure_tables, in_time_range, qualified_name)
+from feature_store import lake
 from include.cli import print_counters, run_at_time
 from spark_jobs import embed_pairs
 
@@ -61,13 +62,13 @@ def run(spark, cfg, t: datetime) -> dict:
 
     started = time.perf_counter()
     fb, db = cfg.fallback, cfg.lake.database
-    run_id = t.isoformat(timespec="seconds")
+    run_id = lake.run_id(t)
     ensure_tables(spark, cfg, (REQUEST_LOG, USER_EVENTS, USER_MEAN_EMBEDDINGS, USER_NEIGHBORS))
     models = resolve_models(cfg)
     fm_len = registry.read_json(models["fm"], "config.json")["config"]["history_len"]
     since = t - timedelta(hours=fb.representation_window_hours)
     lenders = (spark.table(qualified_name(USER_MEAN_EMBEDDINGS, db))
-               .where((F.col("computed_at") <= F.lit(t)) & (F.col("expires_at") > F.lit(t))).select("user_id"))
+               .where(lake.valid_at(t)).select("user_id"))
     active = (in_time_range(spark.table(qualified_name(REQUEST_LOG, db)), since, t).select("user_id")
               .unionByName(in_time_range(spark.table(qualified_name(USER_EVENTS, db)), since, t).select("user_id"))
               .unionByName(lenders).distinct())
@@ -93,8 +94,7 @@ def run(spark, cfg, t: datetime) -> dict:
         .withColumn("computed_at", F.lit(t).cast("timestamp")) \
         .withColumn("expires_at", F.lit(t + timedelta(hours=fb.neighbor_ttl_hours)).cast("timestamp")) \
         .withColumn("run_id", F.lit(run_id))
-    conform(df, USER_NEIGHBORS).write.format("delta").mode("overwrite") \
-        .save(str(cfg.lake.table_path(USER_NEIGHBORS.name)))
+    lake.overwrite(cfg, USER_NEIGHBORS, conform(df, USER_NEIGHBORS))
     return {"run_id": run_id, "users_represented": int(len(vecs)), "not_representable": int((~ok).sum()),
             "lenders": int(len(lender_ids)), "users_with_neighbors": len({r[0] for r in rows}),
             "neighbor_rows": len(rows), "index": stats["index"], "recall_at_k": round(stats["recall_at_k"], 4),

@@ -17,6 +17,18 @@ SHARED_DATASETS = ROOT.parent / "shared" / "datasets"
 DATA = Path(__file__).with_name("data")
 
 
+NEEDS = ("spark", "e2e", "airflow", "browser", "redis", "compose", "slow", "real_data")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark by need: a test using the Spark fixtures is ``spark``; one that needs nothing is ``unit``."""
+    for item in items:
+        if {"spark", "make_cfg", "lake_root"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.spark)
+        if not any(item.get_closest_marker(m) for m in NEEDS):
+            item.add_marker(pytest.mark.unit)
+
+
 def _test_config(lake_root: Path, database: str = "solaris") -> SolarisConfig:
     return SolarisConfig().with_overrides(
         lake={"root": str(lake_root), "database": database},
@@ -36,6 +48,55 @@ def spark(lake_root):
     session = get_spark(_test_config(lake_root))
     yield session
     session.stop()
+
+
+# The tiny model set every module that needs trained models uses (seconds on two cores).
+def _tiny():
+    from dataclasses import replace
+
+    from model import training
+    from model.train import TrainConfig
+
+    return replace(training.QUICK, history_len=5, fm_dim=8, fm_trunk=32, fm_embedding=16, code_dim=4,
+                   fm_train=TrainConfig(epochs=1, batch_size=256), vm_train=TrainConfig(epochs=1, batch_size=256),
+                   ae_train=TrainConfig(epochs=1, batch_size=256))
+
+
+TINY = _tiny()
+# The synthetic log of the shared lake: 2026-01-05 00:00 .. 12:00.
+BASE_LOG = dict(users=120, items=50, hours=12, visits_per_hour=20)
+
+
+@pytest.fixture(scope="session")
+def base_lake(spark, lake_root, tmp_path_factory):
+    """One tiny synthetic log ingested and the TINY model set trained on it, once for the whole run.
+    Modules take a copy of it (``copy_lake``) instead of ingesting and training their own."""
+    from include import synthetic
+    from model import training
+    from spark_jobs import ingest_clicklog as ic
+
+    cfg = _test_config(lake_root / "base", database="t_base")
+    spark.sql(f"CREATE DATABASE IF NOT EXISTS {cfg.lake.database}")
+    path = tmp_path_factory.mktemp("base_log") / "clicks.csv"
+    synthetic.write_csv(synthetic.generate(synthetic.SyntheticConfig(**BASE_LOG)), path)
+    ic.ingest(spark, cfg, str(path), ic.spec_from_args(ic.parse_args(["--input", str(path), "--source", "synthetic"]), cfg))
+    training.train_all(cfg, "synthetic", TINY, log=lambda *_: None)
+    return cfg
+
+
+def copy_lake(spark, base: SolarisConfig, cfg: SolarisConfig, models: bool = True) -> SolarisConfig:
+    """A module's own lake as a copy of ``base``'s tables (and model registry), registered in the
+    module's database: what the module writes never reaches another module."""
+    import shutil
+
+    from feature_store.tables import ensure_tables
+
+    shutil.copytree(base.lake.tables_path, cfg.lake.tables_path)
+    if models:
+        shutil.copytree(base.models_root, cfg.models_root)
+    spark.sql(f"CREATE DATABASE IF NOT EXISTS {cfg.lake.database}")
+    ensure_tables(spark, cfg)
+    return cfg
 
 
 @pytest.fixture

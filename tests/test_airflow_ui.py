@@ -20,7 +20,7 @@ import pytest
 
 from tests.conftest import ROOT, free_port, serving_tables
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.airflow, pytest.mark.browser]
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -184,5 +184,11 @@ def test_trigger_the_hourly_dag_in_the_ui_and_watch_it_succeed(airflow, browser,
         ["spark_properties", "validate_requests", "resolve_features", "precompute", "user_means",
          "user_neighbors", "validate_features", "publish", "publish_redis"])
     assert {t["state"] for t in tis} == {"success"}
+    # The interval reached the Spark jobs from Airflow: rendered into the arguments, and the job's own
+    # output (the run's counters, printed by spark_jobs/precompute.py) is in the task's log.
+    pre = next(t for t in tis if t["task_id"] == "precompute")
+    assert pre["rendered_fields"]["application_args"] == ["--at", "2026-01-05T03:00:00+00:00"]
+    log = api(base, f"/api/v2/dags/{DAG}/dagRuns/{q}/taskInstances/precompute/logs/{pre['try_number']}?full_content=true", token)
+    assert "precompute run 2026-01-05T03:00:00 (window " in json.dumps(log["content"])
     assert serving_tables(lake) == before  # the demo had run this hour: the rerun changed nothing
     assert shot.stat().st_size > 10_000

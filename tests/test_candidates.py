@@ -8,6 +8,8 @@ from pyspark.sql import functions as F
 from include.config import ClickLogConfig
 from spark_jobs.candidates import clicks_to_requests, popularity_pools
 
+pytestmark = pytest.mark.spark
+
 T0 = datetime(2026, 1, 5, 0, 0, 0)
 SCHEMA = "user_id string, item_id string, ts timestamp, surface string, device string, region string, referrer string"
 

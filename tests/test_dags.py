@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.airflow
+
 ROOT = Path(__file__).resolve().parents[1]
 EXPECTED = {"solaris_precompute", "solaris_train", "solaris_backfill"}
 

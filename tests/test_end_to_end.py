@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run, serving_tables
+from tests.conftest import run
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.spark]
 
 
 def test_main_job_reports_what_landed_where(demo_lake):
@@ -70,25 +70,6 @@ def test_spark_sql_cli_reads_the_same_catalog(demo_lake):
                "SELECT count(DISTINCT request_id), sum(label) FROM solaris.request_log"], lake)
     requests, clicks = out.strip().splitlines()[-1].split("\t")
     assert int(requests) == int(clicks) > 0  # one click per request in a click log
-
-
-def test_airflow_dags_test_runs_the_hourly_dag_on_the_embedded_default(demo_lake, tmp_path):
-    """`airflow dags test` on SQLite runs every task of solaris_precompute for the demo's last hour
-    through spark-submit on local Spark, and a rerun of the interval leaves the tables unchanged."""
-    lake, _ = demo_lake
-    home = tmp_path / "airflow"
-    env = {"AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
-           "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-           "AIRFLOW_CONN_SOLARIS_SPARK": json.dumps({"conn_type": "spark", "host": "local[2]"})}
-    airflow = str(Path(sys.executable).with_name("airflow"))
-    run([airflow, "db", "migrate"], lake, extra_env=env)
-
-    before = serving_tables(lake)
-    # The run whose interval is [02:00, 03:00): the demo's last cycle, redone by the DAG's own tasks.
-    out = run([airflow, "dags", "test", "solaris_precompute", "2026-01-05T03:00:00+00:00"], lake, extra_env=env, both=True)
-    assert "--end 2026-01-05T03:00:00+00:00" in out  # the interval reached the Spark jobs from Airflow
-    assert out.count("new_state=success") == 9 and "new_state=failed" not in out, out[-5000:]
-    assert serving_tables(lake) == before  # the DAG redid an interval the demo had run: same rows
 
 
 def sections(out: str) -> list[list[dict]]:

@@ -8,29 +8,24 @@ import pytest
 from pyspark.sql import functions as F
 
 from feature_store.resolution import TIERS, Snapshot
-from include import synthetic
-from model import training
 from spark_jobs import coverage, cycle, publish, resolve_features, user_means, user_neighbors
-from spark_jobs import ingest_clicklog as ic
-from tests.test_model_eval import TINY
+from tests.conftest import TINY, copy_lake
+
+pytestmark = pytest.mark.spark
 
 T = datetime(2026, 1, 5, 8, 0, 0)  # the synthetic log runs 2026-01-05 00:00 .. 12:00
 
 
 @pytest.fixture(scope="module")
-def lake(spark, lake_root, tmp_path_factory):
-    """Tiny log and models, then hourly cycles at T and T+1h (resolve, precompute, means, neighbors, publish)."""
+def lake(spark, lake_root, base_lake):
+    """The shared tiny log and models, then hourly cycles at T and T+1h (resolve, precompute, means, neighbors, publish)."""
     from tests.conftest import _test_config
 
     cfg = _test_config(lake_root / "fallback", database="t_fallback").with_overrides(
         precompute={"lookback_hours": 3, "trending_items": 5, "recent_items_per_user": 5,
                     "budget": 0.3},
         fallback={"neighbors_k": 3, "recall_sample": 50}, models={"device": "cpu"})
-    spark.sql(f"CREATE DATABASE IF NOT EXISTS {cfg.lake.database}")
-    path = tmp_path_factory.mktemp("syn") / "clicks.csv"
-    synthetic.write_csv(synthetic.generate(synthetic.SyntheticConfig(users=120, items=50, hours=12, visits_per_hour=20)), path)
-    ic.ingest(spark, cfg, str(path), ic.spec_from_args(ic.parse_args(["--input", str(path), "--source", "synthetic"]), cfg))
-    training.train_all(cfg, "synthetic", TINY, log=lambda *_: None)
+    copy_lake(spark, base_lake, cfg)
     sums = {}
     for t in (T, T + timedelta(hours=1)):
         cycle.run(spark, cfg, t, stages=("precompute",), log=lambda *_: None)

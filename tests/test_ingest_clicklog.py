@@ -7,6 +7,8 @@ import pytest
 from include import synthetic
 from spark_jobs import ingest_clicklog as ic
 
+pytestmark = pytest.mark.spark
+
 HEADER = "user_id,item_id,ts,surface,device,region,referrer"
 H0 = 1767571200000  # 2026-01-05T00:00:00Z in ms
 

@@ -8,6 +8,8 @@ from spark_jobs import ingest_mind
 from spark_jobs.ingest_clicklog import InputError
 from tests.conftest import DATA
 
+pytestmark = pytest.mark.spark
+
 BEHAVIORS, NEWS = str(DATA / "mind" / "behaviors.tsv"), str(DATA / "mind" / "news.tsv")
 
 

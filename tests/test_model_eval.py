@@ -5,33 +5,25 @@ import math
 import os
 import subprocess
 import sys
-from dataclasses import replace
 
 import pytest
 
-from include import synthetic
 from model import data as mdata
 from model import registry, training
 from model.fm import FMConfig, FoundationModel
-from model.train import TrainConfig
-from spark_jobs import ingest_clicklog as ic
 
-TINY = replace(training.QUICK, history_len=5, fm_dim=8, fm_trunk=32, fm_embedding=16, code_dim=4,
-               fm_train=TrainConfig(epochs=1, batch_size=256), vm_train=TrainConfig(epochs=1, batch_size=256),
-               ae_train=TrainConfig(epochs=1, batch_size=256))
+from tests.conftest import TINY, copy_lake
+
+pytestmark = pytest.mark.spark
+
 
 
 @pytest.fixture(scope="module")
-def tiny_lake(spark, lake_root, tmp_path_factory):
+def tiny_lake(spark, lake_root, base_lake):
+    """The shared tiny log, without its models: these tests train their own."""
     from tests.conftest import _test_config
 
-    cfg = _test_config(lake_root / "model_eval", database="t_model_eval")
-    spark.sql(f"CREATE DATABASE IF NOT EXISTS {cfg.lake.database}")
-    path = tmp_path_factory.mktemp("syn") / "clicks.csv"
-    synthetic.write_csv(synthetic.generate(synthetic.SyntheticConfig(users=150, items=60, hours=12, visits_per_hour=25)), path)
-    args = ic.parse_args(["--input", str(path), "--source", "synthetic"])
-    ic.ingest(spark, cfg, str(path), ic.spec_from_args(args, cfg))
-    return cfg
+    return copy_lake(spark, base_lake, _test_config(lake_root / "model_eval", database="t_model_eval"), models=False)
 
 
 def test_every_variant_trains_and_is_reported(tiny_lake):

@@ -15,33 +15,27 @@ import numpy as np
 import pytest
 from pyspark.sql import functions as F
 
-from include import synthetic
 from include.cli import parse_time
 from include.config import PrecomputeConfig
-from model import registry, training
+from model import registry
 from spark_jobs import backfill, embed_pairs, precompute, speculate
-from spark_jobs import ingest_clicklog as ic
-from tests.conftest import free_port
-from tests.test_model_eval import TINY
+from tests.conftest import TINY, copy_lake, free_port
+
+pytestmark = pytest.mark.spark
 
 ROOT = Path(__file__).resolve().parents[1]
 T = datetime(2026, 1, 5, 9, 0, 0)  # the synthetic log runs 2026-01-05 00:00 .. 12:00
 
 
 @pytest.fixture(scope="module")
-def lake(spark, lake_root, tmp_path_factory):
-    """A tiny synthetic log ingested and tiny models trained on it, in their own lake folder."""
+def lake(spark, lake_root, base_lake):
+    """The shared tiny synthetic log and tiny models, copied into this module's own lake folder."""
     from tests.conftest import _test_config
 
     cfg = _test_config(lake_root / "precompute", database="t_precompute")
     cfg = cfg.with_overrides(precompute={"lookback_hours": 3, "trending_items": 5, "recent_items_per_user": 5},
                              models={"device": "cpu"})
-    spark.sql(f"CREATE DATABASE IF NOT EXISTS {cfg.lake.database}")
-    path = tmp_path_factory.mktemp("syn") / "clicks.csv"
-    synthetic.write_csv(synthetic.generate(synthetic.SyntheticConfig(users=120, items=50, hours=12, visits_per_hour=20)), path)
-    ic.ingest(spark, cfg, str(path), ic.spec_from_args(ic.parse_args(["--input", str(path), "--source", "synthetic"]), cfg))
-    training.train_all(cfg, "synthetic", TINY, log=lambda *_: None)
-    return cfg
+    return copy_lake(spark, base_lake, cfg)
 
 
 def tbl(spark, cfg, name):
@@ -199,42 +193,61 @@ def test_interval_arguments_are_checked():
     assert parse_time("2026-01-05T10:00:00+01:00") == datetime(2026, 1, 5, 9)
 
 
-@pytest.mark.slow
-def test_a_run_killed_midway_leaves_every_table_readable(spark, lake):
-    """SIGKILL a precompute process once it has started writing; each table stays at a committed version."""
-    from deltalake import DeltaTable
-
-    t = T + timedelta(hours=2)
-    path = lambda n: str(lake.lake.table_path(n))  # noqa: E731
-    before = DeltaTable(path("pair_embeddings")).to_pandas().sort_values(["user_id", "item_id"]).reset_index(drop=True)
-    scores_version = DeltaTable(path("verifier_scores")).version()
+def _start_precompute(lake, t):
     # Its own metastore (the test session holds this one); same table folders.
     env = {**os.environ, "SOLARIS_LAKE_ROOT": str(lake.lake.root_path), "SOLARIS_SPARK_MASTER": "local[2]",
            "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
     cfg_file = lake.lake.root_path / "kill.toml"
-    cfg_file.write_text("[precompute]\nlookback_hours = 3\ntrending_items = 5\nrecent_items_per_user = 5\n")
-    proc = subprocess.Popen([sys.executable, "-m", "spark_jobs.precompute", "--at", t.isoformat(), "--config",
+    cfg_file.write_text("[precompute]\nlookback_hours = 3\ntrending_items = 5\nrecent_items_per_user = 5\n"
+                        "[models]\ndevice = \"cpu\"\n")
+    return subprocess.Popen([sys.executable, "-m", "spark_jobs.precompute", "--at", t.isoformat(), "--config",
                              str(cfg_file)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
+
+
+def _kill_when(proc, table_path: str, version: int) -> None:
+    """SIGKILL ``proc`` as soon as the Delta table at ``table_path`` has moved past ``version``."""
+    from deltalake import DeltaTable
+
     deadline = time.time() + 600
-    while DeltaTable(path("verifier_scores")).version() == scores_version and time.time() < deadline:
+    while DeltaTable(table_path).version() == version and time.time() < deadline:
         if proc.poll() is not None:
-            pytest.fail(f"precompute exited ({proc.returncode}) before it wrote anything")
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)  # mid-run: after the audit write, before or during the MERGE
+            pytest.fail(f"precompute exited ({proc.returncode}) before it committed to {table_path}")
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    after = DeltaTable(path("pair_embeddings")).to_pandas().sort_values(["user_id", "item_id"]).reset_index(drop=True)
-    new_rows = after[after["run_id"] == t.isoformat()]
-    if len(new_rows) == 0:
-        assert after.drop(columns="embedding").equals(before.drop(columns="embedding"))  # untouched
-    # a rerun completes, and then the table holds exactly one committed result for the run
+
+
+@pytest.mark.slow
+def test_a_run_killed_midway_leaves_every_table_readable(spark, lake):
+    """SIGKILL a precompute process at two points: right after its audit commit (the MERGE has not
+    started: pair_embeddings is untouched) and right after its MERGE commit (the MERGE is there whole:
+    every selected pair). Either way a rerun completes with exactly one committed result."""
+    from deltalake import DeltaTable
+
+    t = T + timedelta(hours=2)
+    path = lambda n: str(lake.lake.table_path(n))  # noqa: E731
+    rows = lambda: DeltaTable(path("pair_embeddings")).to_pandas().sort_values(["user_id", "item_id"]).reset_index(drop=True)  # noqa: E731
+    before, pairs_version = rows(), DeltaTable(path("pair_embeddings")).version()
+
+    # 1. Killed after the audit commit: embedding takes seconds, so the MERGE has not committed.
+    _kill_when(_start_precompute(lake, t), path("verifier_scores"), DeltaTable(path("verifier_scores")).version())
+    assert DeltaTable(path("pair_embeddings")).version() == pairs_version
+    assert rows().drop(columns="embedding").equals(before.drop(columns="embedding"))  # untouched
+
+    # 2. Killed after the MERGE commit: the run's rows are there whole, one per selected pair.
+    _kill_when(_start_precompute(lake, t), path("pair_embeddings"), pairs_version)
+    audit = DeltaTable(path("verifier_scores")).to_pandas()
+    selected = audit[(audit["run_id"] == t.isoformat()) & audit["selected"]]
+    killed = rows()
+    killed_run = killed[killed["run_id"] == t.isoformat()]
+    assert len(killed_run) == len(selected) > 0
+    assert set(zip(killed_run["user_id"], killed_run["item_id"])) == set(zip(selected["user_id"], selected["item_id"]))
+
+    # A rerun completes, and then the table holds exactly one committed result for the run.
     c = precompute.run(spark, lake, t)
     final = tbl(spark, lake, "pair_embeddings").where(F.col("run_id") == c.run_id).count()
-    assert final == c.pairs_embedded
-    if len(new_rows):
-        assert len(new_rows) == final  # the killed run had committed its MERGE whole, not in part
-
-
+    assert final == c.pairs_embedded == len(killed_run)
 
 
 @pytest.mark.slow
@@ -276,7 +289,7 @@ def test_backfill_through_spark_submit_to_a_standalone_cluster(lake, tmp_path):
         cfg_file = tmp_path / "cluster.toml"
         cfg_file.write_text("[precompute]\nlookback_hours = 3\ntrending_items = 5\nrecent_items_per_user = 5\n")
         p = subprocess.run([str(bin_dir / "spark-submit"), "--master", master, "--properties-file", props,
-                            "spark_jobs/backfill.py", "--start", t.isoformat(), "--end", t.isoformat(),
+                            "spark_jobs/backfill.py", "--start", (t - timedelta(hours=1)).isoformat(), "--end", t.isoformat(),
                             "--config", str(cfg_file)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
         assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
         assert f"[1/1] interval ending {t.isoformat()}" in p.stdout

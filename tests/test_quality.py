@@ -9,6 +9,8 @@ from feature_store.quality import DataQualityError, validate_request_log
 from feature_store.tables import REQUEST_LOG
 from spark_jobs.ingest_load import write_ingest
 
+pytestmark = pytest.mark.spark
+
 T = datetime(2026, 1, 5, 10)
 
 

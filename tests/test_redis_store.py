@@ -18,6 +18,8 @@ from feature_store.serve import LookupServer
 from tests.conftest import free_port
 from tests.test_serve import ITEMS, NOW, T, publish, write_version
 
+pytestmark = pytest.mark.redis
+
 
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory):

@@ -15,7 +15,6 @@ import pytest
 from deltalake import DeltaTable
 
 from feature_store.resolution import TIERS
-from include import synthetic
 from model import data as mdata
 from experiments import replay_eval
 from model import registry
@@ -24,9 +23,10 @@ from model.features import Vocab
 from model.fm import FMConfig, FoundationModel
 from model.train import TrainConfig
 from experiments import coverage_sweep, replay, replay_report
-from spark_jobs import ingest_clicklog as ic
 from tests.conftest import ROOT
-from tests.test_model_eval import TINY
+from tests.conftest import TINY, copy_lake
+
+pytestmark = pytest.mark.spark
 
 # the synthetic log runs 2026-01-05 00:00 .. 12:00; models train before 05:00
 WINDOW = replay.ReplayWindow(datetime(2026, 1, 5, 6), datetime(2026, 1, 5, 10), datetime(2026, 1, 5, 7),
@@ -36,18 +36,14 @@ MAIN, SHORT = "budget0.3_ttl6h", "budget0.3_ttl0.5h"  # 0.5 h: embeddings expire
 
 
 @pytest.fixture(scope="module")
-def replayed(spark, lake_root, tmp_path_factory):
+def replayed(spark, lake_root, base_lake, tmp_path_factory):
     from tests.conftest import _test_config
 
     cfg = _test_config(lake_root / "replay", database="t_replay").with_overrides(
         precompute={"lookback_hours": 3, "trending_items": 5, "recent_items_per_user": 5,
                     "budget": 0.3, "ttl_hours": 6.0},
         fallback={"neighbors_k": 3, "recall_sample": 50}, models={"device": "cpu"})
-    spark.sql(f"CREATE DATABASE IF NOT EXISTS {cfg.lake.database}")
-    path = tmp_path_factory.mktemp("syn") / "clicks.csv"
-    synthetic.write_csv(synthetic.generate(synthetic.SyntheticConfig(users=120, items=50, hours=12,
-                                                                     visits_per_hour=20)), path)
-    ic.ingest(spark, cfg, str(path), ic.spec_from_args(ic.parse_args(["--input", str(path), "--source", "synthetic"]), cfg))
+    copy_lake(spark, base_lake, cfg, models=False)  # the replay trains its own, before its window
     result = replay.run(spark, cfg, "synthetic", WINDOW, [0.3], [0.5, 6.0], TINY, EVAL, log=lambda *_: None)
     out = replay_report.write(result, tmp_path_factory.mktemp("reports") / "replay_synthetic")
     return cfg, result, out

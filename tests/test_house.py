@@ -1,0 +1,66 @@
+"""The rooms and their arrows, read from the code itself: which package may import which."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ROOMS = ("include", "feature_store", "spark_jobs", "model", "experiments", "dags")
+# What each room may import of the project's rooms (besides itself). Nothing imports experiments.
+ALLOWED = {
+    "model": set(),  # a leaf library: torch, numpy, pandas, faiss, deltalake and itself
+    "include": set(),  # plumbing: config, session factory, CLI helpers, SQL entry point
+    "feature_store": {"include", "model"},  # model only for model.tiers and the registry, see below
+    "spark_jobs": {"include", "feature_store", "model"},
+    "dags": {"include", "feature_store", "model"},
+    "experiments": {"include", "feature_store", "spark_jobs", "model"},
+}
+
+
+def imports(room: str) -> dict[str, set[str]]:
+    """module path -> the project modules it imports (at any depth, lazily or not)."""
+    out = {}
+    for path in sorted((ROOT / room).glob("*.py")):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names.add(node.module)
+                names |= {f"{node.module}.{a.name}" for a in node.names}
+            elif isinstance(node, ast.Import):
+                names |= {a.name for a in node.names}
+        out[str(path.relative_to(ROOT))] = {n for n in names if n.split(".")[0] in ROOMS}
+    return out
+
+
+def test_each_room_imports_only_what_it_may():
+    wrong = []
+    for room, allowed in ALLOWED.items():
+        for path, names in imports(room).items():
+            for n in names:
+                if n.split(".")[0] not in allowed | {room}:
+                    wrong.append(f"{path} imports {n}")
+    assert wrong == []
+
+
+def test_the_lookup_side_of_feature_store_uses_only_torch_free_model_modules():
+    # The online lookup must start without torch: of model/, feature_store reads the tier names only.
+    used = {n for names in imports("feature_store").values() for n in names if n.startswith("model")}
+    assert used <= {"model.tiers", "model.tiers.TIERS", "model.tiers.EXACT", "model.tiers.USER_MEAN",
+                    "model.tiers.NEIGHBOR", "model.tiers.NONE"}, used
+    assert "import" not in (ROOT / "model" / "tiers.py").read_text().split('"""', 2)[2]
+
+
+def test_no_module_reaches_into_another_modules_private_names():
+    wrong = []
+    for room in ROOMS:
+        for path in sorted((ROOT / room).glob("*.py")):
+            tree = ast.parse(path.read_text(), str(path))
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ROOMS:
+                    wrong += [f"{path.name}: from {node.module} import {a.name}" for a in node.names
+                              if a.name.startswith("_")]
+                elif (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                      and isinstance(node.value, ast.Name) and node.value.id in {"mdata", "registry", "training"}):
+                    wrong.append(f"{path.name}: {node.value.id}.{node.attr}")
+    assert wrong == []
