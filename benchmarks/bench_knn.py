@@ -36,7 +36,8 @@ def main(argv=None) -> int:
 
     import faiss
 
-    from model.knn import KNNConfig, build_index, normalize, recall_at_k, search
+    from include.config import FallbackConfig
+    from model.knn import build_index, normalize, recall_at_k, search
 
     print(f"faiss {faiss.__version__}, {faiss.omp_get_max_threads()} threads; d={a.dim}, k={a.k}, "
           f"{a.queries} queries")
@@ -45,9 +46,9 @@ def main(argv=None) -> int:
     for n in (int(s) for s in a.sizes.split(",")):
         vecs, _ = normalize(clustered(n, a.dim))
         queries = vecs[np.random.default_rng(1).choice(n, a.queries, replace=False)]
-        base = KNNConfig(k=a.k)
+        base = FallbackConfig(neighbors_k=a.k)
         res = {}
-        for kind, cfg in (("exact", replace(base, exact_max=n)), ("hnsw", replace(base, exact_max=0))):
+        for kind, cfg in (("exact", replace(base, exact_search_max=n)), ("hnsw", replace(base, exact_search_max=0))):
             t0 = time.perf_counter()
             index = build_index(vecs, cfg)
             built = time.perf_counter() - t0

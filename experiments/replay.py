@@ -149,7 +149,7 @@ def run(spark, cfg, source: str, w: ReplayWindow, budgets: list[float], ttls: li
         results[p.name] = {"budget": p.budget, "ttl_hours": p.ttl_hours, "seconds": coverage[0]["seconds"],
                            "coverage": {r["tier"]: r["share"] for r in coverage},
                            "served": sum(r["pairs"] for r in coverage), **point_stats(spark, pcfg, w)}
-        rows_by_point[p.name] = replay_eval.served_rows(cfg, pcfg.lake.table_path(REQUEST_FEATURES.name), w.start,
+        rows_by_point[p.name] = replay_eval.served_rows(cfg, pcfg.lake.tables_path, w.start,
                                                         w.end, source)
         pcfgs[p.name] = pcfg
     fm_path, ae_path = Path(trained["models"]["fm"]), Path(trained["models"]["autoencoder"])

@@ -43,18 +43,20 @@ class ReplayEvalConfig:
     val_share: float = 0.2  # of the training hours' requests, the latest
     kd_alpha: float = 1.0
     vm_train: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=4, lr=3e-3))
+    bootstrap_resamples: int = 1000  # paired bootstrap over the test requests
 
 
-def served_rows(cfg, features_path, start, end, source: str | None = None) -> pd.DataFrame:
-    """Labelled candidates of [start, end) with the tier and embedding served, and their context."""
-    from deltalake import DeltaTable
-    from deltalake.exceptions import TableNotFoundError
+def served_rows(cfg, tables_root, start, end, source: str | None = None) -> pd.DataFrame:
+    """Labelled candidates of [start, end) with the tier and embedding served (``request_features``
+    of the lake whose tables are at ``tables_root``), and their context."""
+    from feature_store.lake import read_arrow
+    from feature_store.tables import REQUEST_FEATURES
 
     try:
-        served = DeltaTable(str(features_path)).to_pandas(
-            columns=["request_id", "item_id", "user_id", "ts", "label", "tier", "embedding"])
-    except TableNotFoundError as e:
-        raise FileNotFoundError(f"no request_features at {features_path}: replay the hours first") from e
+        served = read_arrow(tables_root, REQUEST_FEATURES,
+                            columns=["request_id", "item_id", "user_id", "ts", "label", "tier", "embedding"]).to_pandas()
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"{e}: replay the hours first") from e
     served["ts"] = mdata.utc_naive(served["ts"])
     served = served[(served["ts"] >= pd.Timestamp(start)) & (served["ts"] < pd.Timestamp(end))
                     & served["label"].notna()]
@@ -171,6 +173,13 @@ def evaluate(cfg, rows_by_point: dict[str, pd.DataFrame], main: str, test_from, 
                      "ne_vs_vm_pct": 100 * (s["ne"] - ne_vm) / ne_vm,
                      "transfer_ratio": metrics.transfer_ratio(ne_vm, s["ne"], ne_fm) if name != "FM"
                      else (1.0 if ne_fm < ne_vm else float("nan"))})
+    intervals = metrics.paired_bootstrap(y, {n: preds[n] for n in VARIANTS}, splits["test"]["request_id"].to_numpy(),
+                                         baseline="VM", reference="FM", resamples=ec.bootstrap_resamples,
+                                         seed=vm_train.seed)
+    for r in rows:
+        ci = intervals[r["model"]]
+        r.update(ne_ci=ci["ne"], auc_ci=ci["auc"], ne_vs_vm_pct_ci=ci["ne_delta_pct_ci"], auc_vs_vm=ci["auc_delta"],
+                 auc_vs_vm_ci=ci["auc_delta_ci"], transfer_ratio_ci=ci["transfer_ratio_ci"])
 
     # Does a fallback embedding help or hurt? The served model on each tier's rows, against the VM
     # and against the same model fed "nothing served" on those rows.
@@ -200,7 +209,8 @@ def evaluate(cfg, rows_by_point: dict[str, pd.DataFrame], main: str, test_from, 
         s = metrics.summary(y, p)
         by_point.append({"point": point, **s, "ne_vs_vm_pct": 100 * (s["ne"] - ne_vm) / ne_vm,
                          "transfer_ratio": metrics.transfer_ratio(ne_vm, s["ne"], ne_fm)})
-    return {"rows": rows, "by_tier": by_tier, "by_point": by_point,
+    return {"rows": rows, "by_tier": by_tier, "by_point": by_point, "bootstrap": intervals["_meta"],
+            "fm_beats_vm": intervals["_meta"]["reference_beats_baseline"],
             "window": {k: {"rows": len(v), "requests": int(v["request_id"].nunique()), "from": str(v["ts"].min()),
                            "to": str(v["ts"].max()), "ctr": float(v["label"].mean())} for k, v in splits.items()},
             "fm_online_ms": fm_request_latency(fm, ae, xf["test"], splits["test"]["request_id"].to_numpy()),

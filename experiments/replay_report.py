@@ -11,6 +11,8 @@ from datetime import datetime
 from pathlib import Path
 
 from feature_store.resolution import TIERS
+from model.metrics import format_interval as ci
+from model.metrics import transfer_label
 
 PAPER = {"VM + KD (soft labels)": "transfer 20-25%", "VM + SOLARIS (served)": "transfer 42-44%, NE -0.05..-0.10%"}
 COLORS = {"exact": "#2b8cbe", "user_mean": "#7bccc4", "neighbor": "#bae4bc", "none": "#d9d9d9"}
@@ -46,15 +48,23 @@ def markdown(r: dict) -> str:
            f"{r['seconds']:.0f} s on {v['device']}.", "",
            f"## VM variants on the test hours ({test['rows']:,} candidates, {test['requests']:,} requests, "
            f"CTR {test['ctr']:.3f})", "",
-           "| model | params | NE | AUC | calibration | NE vs VM | transfer ratio | paper |",
-           "|---|---:|---:|---:|---:|---:|---:|---|"]
+           "| model | params | NE [95% CI] | AUC [95% CI] | calibration | NE vs VM [95% CI] | AUC vs VM [95% CI] "
+           "| transfer ratio [95% CI] | paper |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    better = v["fm_beats_vm"]
     for x in v["rows"]:
-        out.append(f"| {x['model']} | {x['params']:,} | {x['ne']:.4f} | {x['auc']:.4f} | {x['calibration']:.3f} | "
-                   f"{x['ne_vs_vm_pct']:+.2f}% | {pct(x['transfer_ratio'], 0)} | {PAPER.get(x['model'], '')} |")
-    verdict = (f"The FM beats the VM by {100 * (ne_vm - ne_fm) / ne_vm:.2f}% NE here, so transfer ratios are defined."
-               if ne_fm < ne_vm else
-               f"The FM does not beat the VM here (NE {ne_fm:.4f} vs {ne_vm:.4f}): there is no gain to transfer "
-               f"and every transfer ratio is undefined (n/a).")
+        tr = "" if x["model"] in ("VM", "FM") else transfer_label(x["transfer_ratio"], x["transfer_ratio_ci"], better)
+        out.append(f"| {x['model']} | {x['params']:,} | {x['ne']:.4f} {ci(x['ne_ci'], '.4f')} | "
+                   f"{x['auc']:.4f} {ci(x['auc_ci'], '.4f')} | {x['calibration']:.3f} | "
+                   f"{x['ne_vs_vm_pct']:+.2f}% {ci(x['ne_vs_vm_pct_ci'], '+.2f')} | "
+                   f"{x['auc_vs_vm']:+.4f} {ci(x['auc_vs_vm_ci'], '+.4f')} | {tr} | {PAPER.get(x['model'], '')} |")
+    lo, hi = rows["FM"]["ne_vs_vm_pct_ci"]
+    b = v["bootstrap"]
+    verdict = (f"Intervals: paired bootstrap over the {b['groups']:,} test requests, {b['resamples']:,} resamples. "
+               + (f"The FM beats the VM by {100 * (ne_vm - ne_fm) / ne_vm:.2f}% NE (interval of the NE delta "
+                  f"[{lo:+.2f}%, {hi:+.2f}%]), so transfer ratios are shown." if better else
+                  f"The FM does not beat the VM with an interval that excludes zero (NE {ne_fm:.4f} vs {ne_vm:.4f}, "
+                  f"delta [{lo:+.2f}%, {hi:+.2f}%]): there is no gain to transfer, and no transfer ratio is shown."))
     out += ["", verdict, "", "## Coverage by tier", "",
             f"Served candidates of [{w['measure_from']:%H:%M}, {w['end']:%H:%M}), setting {r['main']}: "
             + ", ".join(f"{t} {pct(main['coverage'].get(t, 0.0))}" for t in TIERS)
@@ -73,7 +83,7 @@ def markdown(r: dict) -> str:
         e = by_point[name]
         out.append(f"| {100 * p['budget']:g}% | {p['ttl_hours']:g} h | "
                    + " | ".join(pct(p["coverage"].get(t, 0.0)) for t in TIERS)
-                   + f" | {e['ne']:.4f} | {e['ne_vs_vm_pct']:+.2f}% | {pct(e['transfer_ratio'], 0)} | "
+                   + f" | {e['ne']:.4f} | {e['ne_vs_vm_pct']:+.2f}% | {transfer_label(e['transfer_ratio'], None, better)} | "
                      f"{per_hour(p, 'pairs_embedded'):,.0f} | {p['seconds']:.0f} |")
     solaris, spec, online = (per_hour(main, "pairs_embedded"), per_hour(main, "pairs_scored"),
                              served_per_hour(main, w))

@@ -1,4 +1,5 @@
-"""Ranking metrics: log loss, normalized entropy, AUC, calibration, transfer ratio.
+"""Ranking metrics: log loss, normalized entropy, AUC, calibration, transfer ratio, and their
+confidence intervals by a paired bootstrap over requests.
 
 NE follows He et al. (2014): the average log loss divided by the entropy of the *evaluated set's
 own* click rate p, -(p log p + (1-p) log(1-p)). NE < 1 means the model beats always predicting p.
@@ -77,3 +78,108 @@ def summary(labels, probs) -> dict[str, float]:
     return {"log_loss": log_loss(labels, probs), "ne": normalized_entropy(labels, probs), "auc": auc(labels, probs),
             "calibration": calibration(labels, probs), "examples": int(np.asarray(labels).size),
             "ctr": float(np.mean(labels))}
+
+
+def _weighted_ne(y: np.ndarray, ll: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """NE per row of weights ``w`` (R, n): weighted mean log loss over the entropy of the weighted CTR."""
+    total = w.sum(axis=1)
+    ctr = np.clip((w @ y) / total, EPS, 1 - EPS)
+    return ((w @ ll) / total) / -(ctr * np.log(ctr) + (1 - ctr) * np.log(1 - ctr))
+
+
+def _weighted_auc(y: np.ndarray, p: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """AUC per row of weights ``w`` (R, n), ties counted half: the Mann-Whitney statistic with weights."""
+    order = np.argsort(p, kind="mergesort")
+    sp, sy, sw = p[order], y[order], w[:, order]
+    group = np.r_[0, np.cumsum(np.diff(sp) != 0)]  # tie group of each sorted example
+    n_groups = group[-1] + 1 if len(group) else 0
+    pos = np.zeros((len(w), n_groups))
+    neg = np.zeros((len(w), n_groups))
+    np.add.at(pos.T, group, (sw * sy).T)
+    np.add.at(neg.T, group, (sw * (1 - sy)).T)
+    below = np.cumsum(neg, axis=1) - neg  # negative weight strictly below each tie group
+    wp, wn = pos.sum(axis=1), neg.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where((wp > 0) & (wn > 0), (pos * (below + 0.5 * neg)).sum(axis=1) / (wp * wn), np.nan)
+
+
+def _interval(samples: np.ndarray, level: float) -> tuple[float, float]:
+    ok = samples[np.isfinite(samples)]
+    if not len(ok):
+        return float("nan"), float("nan")
+    lo, hi = np.quantile(ok, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return float(lo), float(hi)
+
+
+def paired_bootstrap(labels, preds: dict[str, np.ndarray], groups, baseline: str, reference: str | None = None,
+                     resamples: int = 1000, seed: int = 7, level: float = 0.95, chunk: int = 100) -> dict[str, dict]:
+    """Confidence intervals of each model's NE and AUC and of its difference from ``baseline``, by a
+    paired bootstrap over ``groups`` (request ids): each resample draws requests with replacement and
+    every model is scored on the same draw, so the intervals of the deltas account for the models
+    sharing their test rows. With ``reference`` (the FM), also each model's transfer ratio
+    (NE_base - NE_x) / (NE_base - NE_ref) and whether the reference beats the baseline: its NE
+    delta interval lies wholly below zero. Seeded: the same inputs give the same intervals.
+
+    Returns model -> {"ne": (lo, hi), "auc": (lo, hi), "ne_delta_pct": point, "ne_delta_pct_ci": (lo, hi),
+    "auc_delta": point, "auc_delta_ci": (lo, hi), ["transfer_ratio_ci": (lo, hi)]}, plus
+    "_meta": {"resamples", "level", "groups", "reference_beats_baseline"}.
+    """
+    if resamples < 1:
+        raise ValueError(f"resamples must be >= 1, got {resamples}")
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    if baseline not in preds or (reference is not None and reference not in preds):
+        raise ValueError(f"baseline {baseline!r} and reference {reference!r} must be among the models {list(preds)}")
+    y = None
+    lls, ps = {}, {}
+    for name, p in preds.items():
+        y, p = _check(labels, p)
+        ps[name] = p
+        lls[name] = -(y * np.log(p) + (1 - y) * np.log(1 - p))
+    codes, group_of = np.unique(np.asarray(groups, dtype=object).astype(str), return_inverse=True)
+    if len(group_of) != len(y):
+        raise ValueError(f"groups and labels differ in length: {len(group_of)} vs {len(y)}")
+    rng = np.random.default_rng(seed)
+    ne = {n: [] for n in preds}
+    au = {n: [] for n in preds}
+    for start in range(0, resamples, chunk):
+        r = min(chunk, resamples - start)
+        counts = rng.multinomial(len(codes), np.full(len(codes), 1 / len(codes)), size=r)  # (r, G) requests drawn
+        w = counts[:, group_of].astype(np.float64)  # (r, n): each row weighs every candidate of its request
+        for n in preds:
+            ne[n].append(_weighted_ne(y, lls[n], w))
+            au[n].append(_weighted_auc(y, ps[n], w))
+    ne = {n: np.concatenate(v) for n, v in ne.items()}
+    au = {n: np.concatenate(v) for n, v in au.items()}
+    point_ne = {n: normalized_entropy(y, ps[n]) for n in preds}
+    point_auc = {n: auc(y, ps[n]) for n in preds}
+    out = {}
+    for n in preds:
+        delta = 100 * (ne[n] - ne[baseline]) / ne[baseline]
+        out[n] = {"ne": _interval(ne[n], level), "auc": _interval(au[n], level),
+                  "ne_delta_pct": float(100 * (point_ne[n] - point_ne[baseline]) / point_ne[baseline]),
+                  "ne_delta_pct_ci": _interval(delta, level),
+                  "auc_delta": float(point_auc[n] - point_auc[baseline]), "auc_delta_ci": _interval(au[n] - au[baseline], level)}
+    beats = None
+    if reference is not None:
+        gain = ne[baseline] - ne[reference]
+        beats = bool(out[reference]["ne_delta_pct_ci"][1] < 0)
+        for n in preds:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                out[n]["transfer_ratio_ci"] = _interval(np.where(gain != 0, (ne[baseline] - ne[n]) / gain, np.nan), level)
+    out["_meta"] = {"resamples": resamples, "level": level, "groups": int(len(codes)),
+                    "reference_beats_baseline": beats}
+    return out
+
+
+def format_interval(interval: tuple[float, float], fmt: str) -> str:
+    """``[lo, hi]`` with ``fmt`` (e.g. ``".4f"``, ``"+.2f"``): how reports print an interval."""
+    lo, hi = interval
+    return f"[{lo:{fmt}}, {hi:{fmt}}]"
+
+
+def transfer_label(ratio: float, ci: tuple[float, float] | None, reference_beats_baseline: bool | None) -> str:
+    """How a report prints a transfer ratio: only when the FM beats the VM with an interval excluding zero."""
+    if not reference_beats_baseline or not np.isfinite(ratio):
+        return "n/a: FM not better"
+    return f"{100 * ratio:.0f}% [{100 * ci[0]:.0f}, {100 * ci[1]:.0f}]" if ci else f"{100 * ratio:.0f}%"

@@ -44,6 +44,7 @@ class ModelSetConfig:
     vm_train: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=6, lr=3e-3))
     ae_train: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=20, lr=2e-3, patience=2))
     split: mdata.SplitConfig = field(default_factory=mdata.SplitConfig)
+    bootstrap_resamples: int = 1000  # paired bootstrap over test requests for every interval reported
 
 
 QUICK = ModelSetConfig(history_len=10, fm_dim=16, fm_layers=1, fm_trunk=64, fm_embedding=32, code_dim=8,
@@ -130,6 +131,14 @@ def train_all(cfg, source: str | None, ec: ModelSetConfig = ModelSetConfig(), lo
     s = metrics.summary(y, fm_p["test"])
     rows.append({"model": "FM", "params": n_params(fm), "flops_per_pair": flops_per_example(fm, fm, sample), **s,
                  "ne_vs_vm_pct": 100 * (s["ne"] - ne_vm) / ne_vm, "transfer_ratio": 1.0 if ne_fm < ne_vm else float("nan")})
+    intervals = metrics.paired_bootstrap(
+        y, {**{name: p for name, (_, p, _) in variants.items()}, "FM": fm_p["test"]},
+        splits["test"]["request_id"].to_numpy(), baseline="VM", reference="FM",
+        resamples=ec.bootstrap_resamples, seed=ec.split.seed)
+    for r in rows:
+        ci = intervals[r["model"]]
+        r.update(ne_ci=ci["ne"], auc_ci=ci["auc"], ne_vs_vm_pct_ci=ci["ne_delta_pct_ci"], auc_vs_vm=ci["auc_delta"],
+                 auc_vs_vm_ci=ci["auc_delta_ci"], transfer_ratio_ci=ci["transfer_ratio_ci"])
 
     window = mdata.window(splits, source)
     root = cfg.models_root
@@ -140,7 +149,8 @@ def train_all(cfg, source: str | None, ec: ModelSetConfig = ModelSetConfig(), lo
              "vm_kd": registry.save(root, "vm_kd", variants["VM + KD (soft labels)"][0], rows[1], window, extras),
              "vm_solaris": registry.save(root, "vm_solaris", variants["VM + FM embedding (oracle coverage)"][0],
                                          rows[2], window, extras)}
-    return {"source": source, "rows": rows, "autoencoder": ae_report, "window": window, "device": str(device),
+    return {"source": source, "rows": rows, "autoencoder": ae_report, "bootstrap": intervals["_meta"],
+            "fm_beats_vm": intervals["_meta"]["reference_beats_baseline"], "window": window, "device": str(device),
             "fm_vm_flops_ratio": rows[-1]["flops_per_pair"] / rows[0]["flops_per_pair"],
             "embedding_dims": [ec.fm_embedding, ec.code_dim],
             "seconds": round(time.perf_counter() - t0, 1), "models": {k: str(v) for k, v in saved.items()},
@@ -150,12 +160,20 @@ def train_all(cfg, source: str | None, ec: ModelSetConfig = ModelSetConfig(), lo
 def to_markdown(result: dict) -> str:
     lines = [f"### {result['source']}: time-split test set ({result['window']['test']['rows']:,} rows, "
              f"CTR {result['window']['test']['ctr']:.3f})", "",
-             "| model | params | FLOPs/pair | NE | AUC | calibration | NE vs VM | transfer ratio |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| model | params | FLOPs/pair | NE [95% CI] | AUC [95% CI] | calibration | NE vs VM [95% CI] | "
+             "AUC vs VM [95% CI] | transfer ratio [95% CI] |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    fm_better, ci = result["fm_beats_vm"], metrics.format_interval
     for r in result["rows"]:
-        tr = "n/a" if np.isnan(r["transfer_ratio"]) else f"{100 * r['transfer_ratio']:.0f}%"
-        lines.append(f"| {r['model']} | {r['params']:,} | {r['flops_per_pair']:,.0f} | {r['ne']:.4f} | {r['auc']:.4f} | "
-                     f"{r['calibration']:.3f} | {r['ne_vs_vm_pct']:+.2f}% | {tr} |")
+        tr = "" if r["model"] in ("VM", "FM") else metrics.transfer_label(r["transfer_ratio"], r["transfer_ratio_ci"], fm_better)
+        lines.append(f"| {r['model']} | {r['params']:,} | {r['flops_per_pair']:,.0f} | {r['ne']:.4f} {ci(r['ne_ci'], '.4f')} | "
+                     f"{r['auc']:.4f} {ci(r['auc_ci'], '.4f')} | {r['calibration']:.3f} | "
+                     f"{r['ne_vs_vm_pct']:+.2f}% {ci(r['ne_vs_vm_pct_ci'], '+.2f')} | "
+                     f"{r['auc_vs_vm']:+.4f} {ci(r['auc_vs_vm_ci'], '+.4f')} | {tr} |")
+    b = result["bootstrap"]
+    verdict = ("the FM beats the VM: the interval of its NE delta lies below zero" if fm_better else
+               "the FM does not beat the VM with an interval that excludes zero, so no transfer ratio is shown")
+    lines += ["", f"Intervals: paired bootstrap over the {b['groups']:,} test requests, {b['resamples']:,} resamples; {verdict}."]
     a = result["autoencoder"]
     lines += ["", f"FM/VM FLOPs per pair: {result['fm_vm_flops_ratio']:,.0f}x. Autoencoder "
               f"({result['embedding_dims'][0]} -> {result['embedding_dims'][1]} floats): reconstruction MSE {a['reconstruction_mse']:.4g} "

@@ -54,3 +54,68 @@ def test_bad_inputs_are_rejected(y, p, message):
 
 def test_extreme_predictions_are_clipped_not_infinite():
     assert math.isfinite(metrics.log_loss([1, 0], [0.0, 1.0]))
+
+
+def _three_models(n=6000, seed=0):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 2, n)
+    signal = np.where(y == 1, 0.3, -0.3)
+    vm = 1 / (1 + np.exp(-(0.5 * signal + rng.normal(0, 1, n))))
+    fm = 1 / (1 + np.exp(-(3.0 * signal + rng.normal(0, 1, n))))  # far better than the VM
+    half = (vm + fm) / 2
+    groups = np.repeat(np.arange(n // 6), 6)  # six candidates a request
+    return y, {"VM": vm, "FM": fm, "half": half}, groups
+
+
+def test_bootstrap_intervals_contain_their_point_estimates_and_repeat_given_the_seed():
+    y, preds, groups = _three_models()
+    out = metrics.paired_bootstrap(y, preds, groups, "VM", "FM", resamples=300, seed=3)
+    again = metrics.paired_bootstrap(y, preds, groups, "VM", "FM", resamples=300, seed=3)
+    other = metrics.paired_bootstrap(y, preds, groups, "VM", "FM", resamples=300, seed=4)
+    assert out == again and out != other
+    for name, p in preds.items():
+        lo, hi = out[name]["ne"]
+        assert lo <= metrics.normalized_entropy(y, p) <= hi
+        lo, hi = out[name]["auc"]
+        assert lo <= metrics.auc(y, p) <= hi
+        lo, hi = out[name]["ne_delta_pct_ci"]
+        assert lo <= out[name]["ne_delta_pct"] <= hi
+    assert out["VM"]["ne_delta_pct_ci"] == (0.0, 0.0) and out["VM"]["auc_delta_ci"] == (0.0, 0.0)  # paired
+    assert out["_meta"] == {"resamples": 300, "level": 0.95, "groups": 1000, "reference_beats_baseline": True}
+    ratio = metrics.transfer_ratio(*(metrics.normalized_entropy(y, preds[n]) for n in ("VM", "half", "FM")))
+    lo, hi = out["half"]["transfer_ratio_ci"]
+    assert 0 < lo <= ratio <= hi < 1 and out["FM"]["transfer_ratio_ci"] == (1.0, 1.0)
+    assert metrics.transfer_label(ratio, (lo, hi), True) == f"{100 * ratio:.0f}% [{100 * lo:.0f}, {100 * hi:.0f}]"
+
+
+def test_a_reference_that_is_not_better_gets_no_transfer_ratio():
+    y, preds, groups = _three_models()
+    out = metrics.paired_bootstrap(y, preds, groups, "FM", "VM", resamples=200)  # roles swapped: VM is worse
+    assert out["_meta"]["reference_beats_baseline"] is False
+    assert out["VM"]["ne_delta_pct_ci"][0] > 0
+    assert metrics.transfer_label(0.4, (0.1, 0.7), out["_meta"]["reference_beats_baseline"]) == "n/a: FM not better"
+    # the same model twice: a delta of exactly zero, whose interval does not exclude zero
+    same = metrics.paired_bootstrap(y, {"VM": preds["VM"], "FM": preds["VM"].copy()}, groups, "VM", "FM", resamples=50)
+    assert same["_meta"]["reference_beats_baseline"] is False
+
+
+def test_weighted_resamples_equal_duplicated_rows():
+    rng = np.random.default_rng(5)
+    y = rng.integers(0, 2, 500).astype(float)
+    p = np.round(rng.random(500), 1)  # ties
+    w = rng.integers(0, 3, 500).astype(float)
+    rows = np.repeat(np.arange(500), w.astype(int))
+    assert metrics._weighted_auc(y, p, w[None])[0] == pytest.approx(metrics.auc(y[rows], p[rows]), abs=1e-12)
+    ll = -(y * np.log(np.clip(p, metrics.EPS, 1 - metrics.EPS)) + (1 - y) * np.log(1 - np.clip(p, metrics.EPS, 1 - metrics.EPS)))
+    assert metrics._weighted_ne(y, ll, w[None])[0] == pytest.approx(metrics.normalized_entropy(y[rows], p[rows]), rel=1e-12)
+
+
+@pytest.mark.parametrize("kwargs, message", [(dict(resamples=0), "resamples"), (dict(level=1.0), "level"),
+                                             (dict(baseline="nope"), "must be among")])
+def test_bootstrap_rejects_bad_arguments(kwargs, message):
+    y, preds, groups = _three_models(60)
+    args = {"baseline": "VM", "reference": "FM", **kwargs}
+    with pytest.raises(ValueError, match=message):
+        metrics.paired_bootstrap(y, preds, groups, **args)
+    with pytest.raises(ValueError, match="groups and labels differ"):
+        metrics.paired_bootstrap(y, preds, groups[:-1], "VM", "FM")

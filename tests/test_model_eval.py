@@ -46,7 +46,17 @@ def test_every_variant_trains_and_is_reported(tiny_lake):
     fm = registry.load(registry.resolve(tiny_lake.lake.root_path / "models", "fm"), FoundationModel, FMConfig)
     assert fm.cfg.embedding_dim == 16
     assert "vocab.json" in os.listdir(result["models"]["vm_solaris"])
-    assert "Paper reference" in training.to_markdown(result)
+    md = training.to_markdown(result)
+    assert "Paper reference" in md
+    # Every number with its paired-bootstrap interval; the transfer ratio only where the FM wins.
+    assert result["bootstrap"]["resamples"] == TINY.bootstrap_resamples and result["bootstrap"]["groups"] == w["test"]["requests"]
+    for r in rows.values():
+        assert r["ne_ci"][0] <= r["ne"] <= r["ne_ci"][1] and r["auc_ci"][0] <= r["auc"] <= r["auc_ci"][1]
+        assert r["ne_vs_vm_pct_ci"][0] <= r["ne_vs_vm_pct"] <= r["ne_vs_vm_pct_ci"][1]
+    assert result["fm_beats_vm"] == (rows["FM"]["ne_vs_vm_pct_ci"][1] < 0)
+    kd_line = next(line for line in md.splitlines() if line.startswith("| VM + KD"))
+    assert ("n/a: FM not better" in kd_line) == (not result["fm_beats_vm"])
+    assert f"paired bootstrap over the {w['test']['requests']:,} test requests" in md
 
 
 def test_empty_window_is_a_clear_error(tiny_lake):

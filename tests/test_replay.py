@@ -185,7 +185,7 @@ def test_variants_are_deterministic_given_the_seed(replayed):
     models = result["initial_models"]["models"]
     fm = registry.load(Path(models["fm"]), FoundationModel, FMConfig)
     ae = registry.load(Path(models["autoencoder"]), EmbeddingAutoencoder, AEConfig)
-    rows = {MAIN: replay_eval.served_rows(cfg, point_cfg(cfg, MAIN).lake.table_path("request_features"),
+    rows = {MAIN: replay_eval.served_rows(cfg, point_cfg(cfg, MAIN).lake.tables_path,
                                           WINDOW.start, WINDOW.end, "synthetic")}
     again = replay_eval.evaluate(cfg, rows, MAIN, WINDOW.test_from, fm, ae,
                                  Vocab.load(Path(models["fm"]) / "vocab.json"), "synthetic", EVAL,
