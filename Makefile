@@ -35,8 +35,11 @@ install: $(STAMP)
 demo: install
 	$(PY) -m spark_jobs.pipeline $(ARGS)
 
+# Two workers (pytest-xdist); each test module runs whole on one of them, the two modules over the
+# demo lake together (tests/conftest.py). PYTEST_WORKERS=0 runs everything in this process.
+PYTEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # The inner loop: tests marked unit (no Spark, Airflow, browser, Redis or Compose). Markers in pyproject.toml.
 test-fast: install

@@ -117,6 +117,8 @@ INGEST_RUNS = TableSpec(
         ("max_ts", "TIMESTAMP", "latest request time ingested"),
         ("seconds", "DOUBLE", "wall time of the run"),
         ("finished_at", "TIMESTAMP", "when the run committed, UTC"),
+        ("popularity_auc", "DOUBLE", "generated candidates: AUC of the item's clicks in the prior hour alone; 0.5 no leak"),
+        ("position_auc", "DOUBLE", "generated candidates: AUC of the position alone; 0.5 no leak"),
     ),
     primary_key=("run_id",),
 )
@@ -334,6 +336,13 @@ def ensure_table(spark, spec: TableSpec, cfg) -> str:
         f"CREATE TABLE IF NOT EXISTS {name} ({comments}) USING DELTA{partition} "
         f"LOCATION '{location}' COMMENT '{spec.description.replace(chr(39), '')}'"
     )
+    # A table written by an older declaration gains the columns declared since (NULL in its old rows);
+    # nothing is dropped or rewritten.
+    have = set(spark.table(name).columns)
+    added = [(n, t, c) for n, t, c in spec.columns if n not in have]
+    if added:
+        spark.sql(f"ALTER TABLE {name} ADD COLUMNS ("
+                  + ", ".join(f"{n} {t} COMMENT '{c.replace(chr(39), '')}'" for n, t, c in added) + ")")
     return name
 
 

@@ -76,7 +76,7 @@ class ClickLogConfig:
 
     negatives_per_click: int = 9  # K: candidates shown beside the clicked item
     window_hours: int = 1  # W: popularity is counted over the W whole hours before the click's hour
-    pool_size: int = 50  # K negatives are drawn from the pool of the window's most clicked items
+    pool_size: int = 1000  # negatives are drawn from a seeded sample of this many click events of the window
     seed: int = 7
 
     def __post_init__(self):

@@ -183,3 +183,19 @@ def transfer_label(ratio: float, ci: tuple[float, float] | None, reference_beats
     if not reference_beats_baseline or not np.isfinite(ratio):
         return "n/a: FM not better"
     return f"{100 * ratio:.0f}% [{100 * ci[0]:.0f}, {100 * ci[1]:.0f}]" if ci else f"{100 * ratio:.0f}%"
+
+
+def auc_from_histogram(values, positives, negatives) -> float:
+    """AUC of a score that takes few distinct values, from its histogram: per value, the positive and
+    negative counts (ties count half). Equals ``auc`` on the rows the histogram counts; NaN with one class."""
+    v = np.asarray(values, dtype=np.float64)
+    pos, neg = np.asarray(positives, dtype=np.float64), np.asarray(negatives, dtype=np.float64)
+    order = np.argsort(v, kind="mergesort")
+    v, pos, neg = v[order], pos[order], neg[order]
+    starts = np.r_[0, np.flatnonzero(np.diff(v)) + 1]  # merge equal values
+    pos, neg = np.add.reduceat(pos, starts) if len(v) else pos, np.add.reduceat(neg, starts) if len(v) else neg
+    n_pos, n_neg = pos.sum(), neg.sum()
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    below = np.cumsum(neg) - neg
+    return float((pos * (below + 0.5 * neg)).sum() / (n_pos * n_neg))

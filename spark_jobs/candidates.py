@@ -4,13 +4,15 @@ A click log says what a user clicked, not what they were shown. SOLARIS needs re
 candidates and labels, so each click becomes one request whose candidates are:
 
 - the clicked item (label 1), and
-- K items (label 0) drawn from the ``pool_size`` items most clicked in the W whole hours before
-  the click's hour, excluding the clicked item.
+- K distinct items (label 0) drawn the way clicks are drawn: in proportion to their clicks in the
+  W whole hours before the click's hour (from a seeded sample of ``pool_size`` click events of
+  that window), never the clicked item itself.
 
 Only clicks before the request's hour decide its candidates (point-in-time correct), so the
-first W hours of a log have shorter candidate lists. The draw is a seeded hash of
-(seed, request_id, item), and the clicked item's position a seeded hash of (seed, request_id):
-the same input and seed always give the same requests, and position does not leak the label.
+first W hours of a log have shorter candidate lists. The draws are seeded hashes of
+(seed, request_id, slot), and the clicked item's position a seeded hash of (seed, request_id):
+the same input and seed always give the same requests, and neither position nor popularity
+gives the label away (``leak_statistics`` measures both on every ingest).
 """
 
 from __future__ import annotations
@@ -21,21 +23,43 @@ from pyspark.sql import functions as F
 from include.config import ClickLogConfig
 
 
-def popularity_pools(clicks: DataFrame, params: ClickLogConfig) -> DataFrame:
-    """(hour, pool) where pool holds the ``pool_size`` most clicked items of the W hours before ``hour``.
+def click_pools(clicks: DataFrame, params: ClickLogConfig) -> DataFrame:
+    """(hour, pool): a seeded uniform sample of ``pool_size`` click *events* of the W whole hours before
+    ``hour``, so an item is in the pool as often as its share of those clicks; the whole stream when
+    it has fewer events. ``clicks`` needs ``user_id``, ``item_id`` and ``ts``.
 
-    ``clicks`` needs ``item_id`` and ``ts``. Ties break on item_id so the pool is deterministic.
+    Drawing negatives from the most clicked items instead (as this generator once did) gives the
+    label away: the clicked item is then, far more often than a negative, not among them, and item
+    popularity alone separates clicks from negatives.
     """
-    hourly = (clicks.select("item_id", (F.unix_seconds("ts") / 3600).cast("long").alias("click_hour"))
-              .groupBy("click_hour", "item_id").count())
-    # Each hour's counts feed the W hours after it.
+    events = clicks.select("user_id", "item_id", "ts", (F.unix_seconds("ts") / 3600).cast("long").alias("click_hour"))
+    # Each hour's clicks feed the W hours after it.
     offsets = F.sequence(F.lit(1), F.lit(params.window_hours))
-    windowed = (hourly.withColumn("offset", F.explode(offsets))
-                .select((F.col("click_hour") + F.col("offset")).alias("hour"), "item_id", "count")
-                .groupBy("hour", "item_id").agg(F.sum("count").alias("clicks")))
+    windowed = (events.withColumn("offset", F.explode(offsets))
+                .withColumn("hour", F.col("click_hour") + F.col("offset"))
+                # an independent, seeded draw per target hour; the event's own fields make it repeatable
+                .withColumn("h", F.xxhash64(F.lit(params.seed), "user_id", "item_id", F.unix_micros("ts"), "hour")))
     return (windowed.groupBy("hour")
-            .agg(F.sort_array(F.collect_list(F.struct((-F.col("clicks")).alias("neg"), "item_id"))).alias("ranked"))
-            .select("hour", F.expr(f"transform(slice(ranked, 1, {params.pool_size}), r -> r.item_id)").alias("pool")))
+            .agg(F.slice(F.array_sort(F.collect_list(F.struct("h", "item_id"))), 1, params.pool_size).alias("sample"))
+            .select("hour", F.expr("transform(sample, s -> s.item_id)").alias("pool")))
+
+
+def leak_statistics(requests: DataFrame, clicks: DataFrame) -> dict[str, float]:
+    """Single-feature AUCs on generated requests, a check that no one feature gives the label away:
+    the item's clicks in the whole hour before the request (prior popularity) and the position.
+    Near 0.5 is what unbiased candidates give; far from it means the data, not a model, separates
+    the labels. ``clicks``: (item_id, ts) of every click the pools were drawn from."""
+    from model.metrics import auc_from_histogram
+
+    hourly = (clicks.select("item_id", ((F.unix_seconds("ts") / 3600).cast("long") + 1).alias("req_hour"))
+              .groupBy("req_hour", "item_id").agg(F.count(F.lit(1)).alias("prior_clicks")))
+    scored = (requests.select("item_id", "label", "position", (F.unix_seconds("ts") / 3600).cast("long").alias("req_hour"))
+              .join(hourly, ["req_hour", "item_id"], "left").fillna(0, ["prior_clicks"]))
+    out = {}
+    for name, column in (("popularity_auc", "prior_clicks"), ("position_auc", "position")):
+        hist = scored.groupBy(column).agg(F.sum("label").alias("pos"), F.sum(1 - F.col("label")).alias("neg")).collect()
+        out[name] = auc_from_histogram([r[column] for r in hist], [r.pos for r in hist], [r.neg for r in hist])
+    return out
 
 
 def clicks_to_requests(clicks: DataFrame, params: ClickLogConfig, source: str,
@@ -46,10 +70,10 @@ def clicks_to_requests(clicks: DataFrame, params: ClickLogConfig, source: str,
     referrer); ``prior_clicks`` (item_id, ts) are clicks of the same log ingested earlier, so
     that ingesting a log hour by hour draws the same candidates as ingesting it whole.
     """
-    popular_from = clicks.select("item_id", "ts")
+    recent = clicks.select("user_id", "item_id", "ts")
     if prior_clicks is not None:
-        popular_from = popular_from.unionByName(prior_clicks.select("item_id", "ts"))
-    pools = popularity_pools(popular_from, params)
+        recent = recent.unionByName(prior_clicks.select("user_id", "item_id", "ts"))
+    pools = click_pools(recent, params)
 
     k, seed = params.negatives_per_click, params.seed
     requests = (clicks
@@ -58,10 +82,11 @@ def clicks_to_requests(clicks: DataFrame, params: ClickLogConfig, source: str,
                 .withColumn("hour", (F.unix_seconds("ts") / 3600).cast("long"))
                 .join(F.broadcast(pools), "hour", "left")
                 .withColumn("pool", F.coalesce("pool", F.array().cast("array<string>"))))
-    # Order the pool by a seeded hash per request, drop the clicked item, keep K.
+    # Shuffle the pool's events by a seeded hash per request and slot, drop the clicked item, keep the
+    # first K distinct: K draws without replacement, each in proportion to the item's recent clicks.
     negatives = F.expr(
-        f"slice(filter(transform(array_sort(transform(pool, x -> named_struct('h', xxhash64({seed}, request_id, x), 'i', x))),"
-        f" s -> s.i), x -> x != item_id), 1, {k})")
+        f"slice(array_distinct(filter(transform(array_sort(transform(pool, (x, n) -> named_struct("
+        f"'h', xxhash64({seed}, request_id, n), 'i', x))), s -> s.i), x -> x != item_id)), 1, {k})")
     requests = requests.withColumn("negatives", negatives)
     slot = F.pmod(F.xxhash64(F.lit(seed), "request_id", F.lit("slot")), F.size("negatives") + 1).cast("int")
     candidates = F.concat(F.slice("negatives", 1, slot), F.array("item_id"),

@@ -174,10 +174,14 @@ def ingest(spark, cfg, path: str, spec: ClickLogSpec, fmt: str = "csv"):
         params = cfg.clicklog
         prior = _prior_clicks(spark, cfg, spec.source, clicks, params)
         requests = clicks_to_requests(clicks, params, spec.source, prior)
+        pool_clicks = clicks.select("item_id", "ts")
+        if prior is not None:
+            pool_clicks = pool_clicks.unionByName(prior.select("item_id", "ts"))
         events = clicks.select("user_id", "item_id", "ts", F.lit("click").alias("event_type"),
                                F.lit(spec.source).alias("source"), F.to_date("ts").alias("date"))
         return write_ingest(spark, cfg, source=spec.source, input_path=path, records_in=records_in,
-                            requests=requests, events=events, items=None, quarantine=bad, started=started)
+                            requests=requests, events=events, items=None, quarantine=bad, started=started,
+                            pool_clicks=pool_clicks)
     finally:
         parsed.unpersist()
 
@@ -195,7 +199,7 @@ def _prior_clicks(spark, cfg, source: str, clicks: DataFrame, params) -> DataFra
     return (spark.table(name)
             .where((F.col("source") == source) & (F.col("event_type") == "click") & (F.col("ts") < F.lit(start))
                    & (F.col("ts") >= F.lit(start) - F.expr(f"INTERVAL {params.window_hours + 1} HOURS")))
-            .select("item_id", "ts"))
+            .select("user_id", "item_id", "ts"))
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

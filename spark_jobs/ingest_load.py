@@ -23,6 +23,9 @@ from feature_store.tables import (INGEST_RUNS, ITEMS, REQUEST_LOG, REQUEST_LOG_Q
                                   conform, ensure_tables)
 
 
+LEAK_WARN = (0.35, 0.75)  # a single-feature AUC outside this range is reported as a leak
+
+
 @dataclass(frozen=True)
 class IngestReport:
     run_id: str
@@ -39,8 +42,24 @@ class IngestReport:
     seconds: float
     finished_at: datetime
     quality_report: str | None = None
+    popularity_auc: float | None = None  # single-feature AUCs of generated candidates (click logs only)
+    position_auc: float | None = None
 
     def lines(self, database: str) -> list[str]:
+        return [*self._lines(database), *self.leak_lines()]
+
+    def leak_lines(self) -> list[str]:
+        if self.popularity_auc is None:
+            return []
+        out = [f"  leak check, single-feature AUC of the generated candidates (0.5: no signal): "
+               f"prior popularity {self.popularity_auc:.3f}, position {self.position_auc:.3f}"]
+        for name, value in (("prior popularity", self.popularity_auc), ("position", self.position_auc)):
+            if not LEAK_WARN[0] <= value <= LEAK_WARN[1]:
+                out.append(f"  WARNING: {name} alone separates clicks from negatives (AUC {value:.3f}, outside "
+                           f"[{LEAK_WARN[0]}, {LEAK_WARN[1]}]): a model trained on these requests learns the generator")
+        return out
+
+    def _lines(self, database: str) -> list[str]:
         return [
             f"ingested {self.source} from {self.input_path} in {self.seconds:.1f} s",
             f"  records read            {self.records_in:>12,}",
@@ -61,9 +80,10 @@ def quarantine_rows(raw: DataFrame, source: str, input_path: str, ingested_at: d
 
 def write_ingest(spark, cfg, *, source: str, input_path: str, records_in: int, requests: DataFrame,
                  events: DataFrame, items: DataFrame | None, quarantine: DataFrame,
-                 started: float, other_inputs: tuple[str, ...] = ()) -> IngestReport:
+                 started: float, other_inputs: tuple[str, ...] = (), pool_clicks: DataFrame | None = None) -> IngestReport:
     """Validate, then write every output of one run. ``other_inputs`` are further files whose bad
-    records are in ``quarantine`` (e.g. MIND's news.tsv beside behaviors.tsv)."""
+    records are in ``quarantine`` (e.g. MIND's news.tsv beside behaviors.tsv). ``pool_clicks``: the
+    clicks that generated candidates were drawn from (click logs): the leak check runs on them."""
     ensure_tables(spark, cfg)
     requests = conform(requests, REQUEST_LOG).persist()
     events = conform(events, USER_EVENTS).persist()
@@ -96,8 +116,13 @@ def write_ingest(spark, cfg, *, source: str, input_path: str, records_in: int, r
             items = items.dropDuplicates(list(ITEMS.primary_key))
             lake.upsert(spark, cfg, ITEMS, items)
             item_rows = items.count()
+        leak = {}
+        if pool_clicks is not None and stats.rows:
+            from spark_jobs.candidates import leak_statistics
+
+            leak = leak_statistics(requests, pool_clicks)
         report = IngestReport(
-            run_id=run_id, source=source, input_path=input_path, records_in=records_in,
+            **leak, run_id=run_id, source=source, input_path=input_path, records_in=records_in,
             request_rows=stats.rows, requests=stats.requests, event_rows=ev.rows, item_rows=item_rows,
             quarantined=quarantine.count(), min_ts=stats.min_ts, max_ts=stats.max_ts,
             seconds=round(time.perf_counter() - started, 3),

@@ -20,9 +20,17 @@ DATA = Path(__file__).with_name("data")
 NEEDS = ("spark", "e2e", "airflow", "browser", "redis", "compose", "slow", "real_data")
 
 
+# Modules whose tests share the demo lake (one main-job run, minutes): one xdist group, one worker.
+DEMO_MODULES = {"test_end_to_end", "test_airflow_ui"}
+
+
 def pytest_collection_modifyitems(config, items):
-    """Mark by need: a test using the Spark fixtures is ``spark``; one that needs nothing is ``unit``."""
+    """Mark by need: a test using the Spark fixtures is ``spark``; one that needs nothing is ``unit``.
+    Under ``--dist loadgroup`` each module runs whole on one worker, so its module-scoped lake is
+    built once; the demo lake's modules share one group."""
     for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1]
+        item.add_marker(pytest.mark.xdist_group("demo" if module in DEMO_MODULES else module))
         if {"spark", "make_cfg", "lake_root"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.spark)
         if not any(item.get_closest_marker(m) for m in NEEDS):

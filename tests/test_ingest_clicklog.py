@@ -37,6 +37,26 @@ def test_synthetic_log_lands_as_requests(spark, make_cfg, tmp_path):
     first_hour_ms = H0 + 3_600_000
     assert all(c == 1 for rid, c in per_request.items() if int(rid.split(":")[2]) < first_hour_ms)
     assert {r.hour for r in rl.select("hour").distinct().collect()} == set(range(6))
+    # the leak check ran on the generated candidates, is recorded with the run and printed
+    run = table(spark, cfg, "ingest_runs").collect()[0]
+    assert (run.popularity_auc, run.position_auc) == (report.popularity_auc, report.position_auc)
+    assert 0 < report.popularity_auc < 1 and 0 < report.position_auc < 1
+    assert any(line.startswith("  leak check, single-feature AUC") for line in report.lines(cfg.lake.database))
+
+
+def test_a_table_of_an_older_declaration_gains_the_new_columns_and_keeps_its_rows(spark, make_cfg):
+    from dataclasses import replace
+
+    from feature_store.tables import INGEST_RUNS, ensure_table
+
+    cfg = make_cfg("old_runs")
+    old = replace(INGEST_RUNS, columns=tuple(c for c in INGEST_RUNS.columns if not c[0].endswith("_auc")))
+    name = ensure_table(spark, old, cfg)
+    spark.sql(f"INSERT INTO {name} (run_id, source) VALUES ('r1', 'x')")
+    assert ensure_table(spark, INGEST_RUNS, cfg) == name
+    assert spark.table(name).columns == INGEST_RUNS.column_names
+    row = spark.table(name).collect()
+    assert [(r.run_id, r.source, r.popularity_auc) for r in row] == [("r1", "x", None)]
 
 
 @pytest.fixture

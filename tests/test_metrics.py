@@ -119,3 +119,17 @@ def test_bootstrap_rejects_bad_arguments(kwargs, message):
         metrics.paired_bootstrap(y, preds, groups, **args)
     with pytest.raises(ValueError, match="groups and labels differ"):
         metrics.paired_bootstrap(y, preds, groups[:-1], "VM", "FM")
+
+
+def test_auc_from_a_histogram_equals_auc_on_its_rows():
+    rng = np.random.default_rng(2)
+    y = rng.integers(0, 2, 400)
+    score = rng.integers(0, 12, 400).astype(float)  # few distinct values: many ties
+    values = np.unique(score)
+    pos = [int(((score == v) & (y == 1)).sum()) for v in values]
+    neg = [int(((score == v) & (y == 0)).sum()) for v in values]
+    # auc() takes probabilities (it clips to [0, 1]): the same ranking scaled into it
+    assert metrics.auc_from_histogram(values[::-1], pos[::-1], neg[::-1]) == pytest.approx(metrics.auc(y, score / 12), abs=1e-12)
+    # one positive at 1 against negatives at 1 (a tie: half) and 2 (below it): (0.5 + 0) / 2
+    assert metrics.auc_from_histogram([1, 1, 2], [1, 0, 0], [0, 1, 1]) == pytest.approx(0.25)  # equal values merged
+    assert math.isnan(metrics.auc_from_histogram([1, 2], [0, 0], [3, 4]))
