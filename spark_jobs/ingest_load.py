@@ -54,7 +54,8 @@ class IngestReport:
         out = [f"  leak check, single-feature AUC of the generated candidates (0.5: no signal): "
                f"prior popularity {self.popularity_auc:.3f}, position {self.position_auc:.3f}"]
         for name, value in (("prior popularity", self.popularity_auc), ("position", self.position_auc)):
-            if not LEAK_WARN[0] <= value <= LEAK_WARN[1]:
+            # NaN: one class only (no negatives yet, e.g. only the log's first W hours): nothing to judge
+            if value == value and not LEAK_WARN[0] <= value <= LEAK_WARN[1]:
                 out.append(f"  WARNING: {name} alone separates clicks from negatives (AUC {value:.3f}, outside "
                            f"[{LEAK_WARN[0]}, {LEAK_WARN[1]}]): a model trained on these requests learns the generator")
         return out

@@ -170,3 +170,18 @@ def test_slice_of_real_globo(spark, make_cfg, shared_datasets, tmp_path):
     rl = table(spark, cfg, "request_log")
     assert rl.where("label = 1").count() == report.requests
     assert rl.where("device IS NULL OR referrer IS NULL").count() == 0  # context columns mapped
+
+
+def test_the_leak_check_warns_outside_its_range_and_not_on_one_class():
+    from datetime import datetime
+
+    from spark_jobs.ingest_load import IngestReport
+
+    base = dict(run_id="r", source="s", input_path="p", records_in=1, request_rows=1, requests=1, event_rows=1,
+                item_rows=0, quarantined=0, min_ts=None, max_ts=None, seconds=0.0, finished_at=datetime(2026, 1, 1))
+    warned = lambda **auc: [line for line in IngestReport(**base, **auc).leak_lines() if "WARNING" in line]  # noqa: E731
+    assert warned(popularity_auc=0.30, position_auc=0.5) != [] and "prior popularity" in warned(popularity_auc=0.30, position_auc=0.5)[0]
+    assert warned(popularity_auc=0.5, position_auc=0.8) != []
+    assert warned(popularity_auc=0.45, position_auc=0.5) == []
+    assert warned(popularity_auc=float("nan"), position_auc=float("nan")) == []  # no negatives: nothing to judge
+    assert IngestReport(**base).leak_lines() == []  # MIND: no generated candidates
