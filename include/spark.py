@@ -28,6 +28,7 @@ def spark_conf(cfg: SolarisConfig) -> dict[str, str]:
         "spark.app.name": cfg.spark.app_name,
         "spark.master": cfg.spark.master,
         "spark.jars.packages": delta_package(),
+        "spark.jars.excludes": ",".join(SPARK_PROVIDED),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.sql.catalogImplementation": "hive",
@@ -60,6 +61,26 @@ def spark_conf(cfg: SolarisConfig) -> dict[str, str]:
         conf["spark.driver.bindAddress"] = "127.0.0.1"
     conf.update(cfg.spark.extra)
     return conf
+
+
+# Artifacts that Delta's POM pulls in transitively and that Spark already ships in its own jars/
+# folder (at other versions: Hadoop 3.4.2 against 3.4.1, Parquet 1.16 against 1.15, Jackson 2.13
+# against 2.18). On the classpath twice they change nothing (Spark's copy loads first) but cost
+# every JVM start about 4 s of jar scanning (log4j's plugin scan opens every jar), and a job runs
+# one per spark-submit. Only Delta's own jars (delta-spark, delta-storage, delta-kernel-*,
+# unitycatalog-*) and the few it needs that Spark lacks are added.
+SPARK_PROVIDED = (
+    "com.fasterxml.jackson.core:jackson-annotations", "com.fasterxml.jackson.core:jackson-core",
+    "com.fasterxml.jackson.core:jackson-databind", "com.github.luben:zstd-jni",
+    "com.google.code.findbugs:jsr305", "commons-pool:commons-pool", "io.airlift:aircompressor",
+    "org.apache.hadoop:hadoop-client-api", "org.apache.hadoop:hadoop-client-runtime",
+    "org.apache.logging.log4j:log4j-api", "org.apache.logging.log4j:log4j-core",
+    "org.apache.logging.log4j:log4j-slf4j2-impl", "org.apache.parquet:parquet-column",
+    "org.apache.parquet:parquet-common", "org.apache.parquet:parquet-encoding",
+    "org.apache.parquet:parquet-format-structures", "org.apache.parquet:parquet-hadoop",
+    "org.apache.parquet:parquet-jackson", "org.roaringbitmap:RoaringBitmap", "org.slf4j:slf4j-api",
+    "org.xerial.snappy:snappy-java",
+)
 
 
 def delta_package() -> str:
