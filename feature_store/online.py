@@ -22,7 +22,9 @@ from datetime import datetime
 from pathlib import Path
 
 import numpy as np
+from deltalake import write_deltalake
 
+from feature_store.ids import id_problem
 from feature_store.lake import arrow_schema, read_arrow, table_path, utc_now
 from feature_store.resolution import EXACT, Snapshot
 from feature_store.store import LookupStore
@@ -52,14 +54,22 @@ def latest_publication(tables_root: str | Path) -> Published | None:
 
 
 class MissRecorder:
-    """Bounded buffer of (user_id, item_id, requested_at) flushed to miss_queue by a background thread."""
+    """Bounded buffer of (user_id, item_id, requested_at) flushed to miss_queue by a background thread.
+
+    Nothing stops the flusher: a failed write keeps its rows for the next try (as many as the buffer
+    holds; the rest are counted as dropped) and is counted in ``flush_errors`` with ``last_error``;
+    a row whose id cannot be stored (the lookup refuses those, so only a direct caller can bring
+    one) is counted in ``rejected`` and logged, and the rest of its batch is written.
+    ``stop()`` flushes what is left.
+    """
 
     def __init__(self, tables_root: str | Path, capacity: int = 100_000, flush_seconds: float = 2.0):
         self.path = str(table_path(tables_root, MISS_QUEUE))
         self.capacity, self.flush_seconds = capacity, flush_seconds
         self._buf: list[tuple[str, str, datetime]] = []
         self._lock = threading.Lock()
-        self.recorded = self.dropped = self.flushed = self.flush_errors = 0
+        self.recorded = self.dropped = self.flushed = self.flush_errors = self.rejected = 0
+        self.last_error: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="miss-flusher", daemon=True)
 
@@ -76,38 +86,62 @@ class MissRecorder:
             self.dropped += len(item_ids) - len(take)
 
     def flush(self) -> int:
-        import pyarrow as pa
-        from deltalake import write_deltalake
-
+        """Append the buffered misses to miss_queue; returns how many were written."""
         with self._lock:
             rows, self._buf = self._buf, []
         if not rows:
             return 0
-        table = pa.table({"user_id": [r[0] for r in rows], "item_id": [r[1] for r in rows],
-                          "requested_at": [r[2] for r in rows], "origin": ["lookup"] * len(rows),
-                          "consumed_by_run": [None] * len(rows)}, schema=arrow_schema(MISS_QUEUE))
+        good, bad = [], []
+        for r in rows:
+            (good if id_problem(r[0]) is None and id_problem(r[1]) is None else bad).append(r)
+        if bad:
+            self.rejected += len(bad)
+            log.error("%d misses with ids that cannot be stored were not queued, e.g. user %r item %r",
+                      len(bad), bad[0][0], bad[0][1])
+        if not good:
+            return 0
         try:
-            write_deltalake(self.path, table, mode="append")
+            write_deltalake(self.path, self._arrow(good), mode="append")
         except Exception as e:  # the table is missing or busy: keep what fits, try again next time
             self.flush_errors += 1
-            log.warning("miss_queue flush failed (%s); %d misses kept for the next try", e, len(rows))
+            self.last_error = f"{type(e).__name__}: {e}"
+            log.warning("miss_queue flush failed (%s); %d misses kept for the next try", self.last_error, len(good))
             with self._lock:
-                keep = rows[: max(self.capacity - len(self._buf), 0)]
-                self.dropped += len(rows) - len(keep)
+                keep = good[: max(self.capacity - len(self._buf), 0)]
+                self.dropped += len(good) - len(keep)
                 self._buf = keep + self._buf
             return 0
-        self.flushed += len(rows)
-        return len(rows)
+        self.flushed += len(good)
+        self.last_error = None
+        return len(good)
+
+    @staticmethod
+    def _arrow(rows):
+        import pyarrow as pa
+
+        return pa.table({"user_id": [r[0] for r in rows], "item_id": [r[1] for r in rows],
+                         "requested_at": [r[2] for r in rows], "origin": ["lookup"] * len(rows),
+                         "consumed_by_run": [None] * len(rows)}, schema=arrow_schema(MISS_QUEUE))
 
     def _run(self) -> None:
         while not self._stop.wait(self.flush_seconds):
-            self.flush()
+            try:
+                self.flush()
+            except Exception as e:  # the thread outlives any one bad batch
+                self.flush_errors += 1
+                self.last_error = f"{type(e).__name__}: {e}"
+                log.exception("miss_queue flusher error")
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
         self.flush()
+
+    def status(self) -> dict:
+        return {"recorded": self.recorded, "dropped": self.dropped, "flushed": self.flushed,
+                "flush_errors": self.flush_errors, "rejected": self.rejected, "buffered": len(self._buf),
+                "last_error": self.last_error}
 
 
 @dataclass
@@ -196,6 +230,4 @@ class OnlineStore(LookupStore):
                 "snapshot_loaded_seconds_ago": round(time.time() - state.loaded_at, 3),
                 "snapshot_stats": state.snapshot.stats, "dim": state.snapshot.dim,
                 "reloads": self.reloads, "reload_failures": self.reload_failures, "last_error": self.last_error,
-                "misses": None if self.misses is None else {
-                    "recorded": self.misses.recorded, "dropped": self.misses.dropped,
-                    "flushed": self.misses.flushed, "flush_errors": self.misses.flush_errors}}
+                "misses": None if self.misses is None else self.misses.status()}

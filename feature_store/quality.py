@@ -48,12 +48,17 @@ def _run_suite(name: str, df: DataFrame, expectations: list) -> dict:
     import great_expectations as gx
 
     context = _context()
-    batch = (context.data_sources.add_spark(name=f"{name}_source")
-             .add_dataframe_asset(name=name)
-             .add_batch_definition_whole_dataframe(f"{name}_batch")
-             .get_batch(batch_parameters={"dataframe": df}))
-    suite = context.suites.add(gx.ExpectationSuite(name=f"{name}_suite", expectations=expectations))
-    return batch.validate(suite).to_json_dict()
+    # Each expectation is one or more Spark queries over ``df``: computed once, not once per query.
+    df = df.persist()
+    try:
+        batch = (context.data_sources.add_spark(name=f"{name}_source")
+                 .add_dataframe_asset(name=name)
+                 .add_batch_definition_whole_dataframe(f"{name}_batch")
+                 .get_batch(batch_parameters={"dataframe": df}))
+        suite = context.suites.add(gx.ExpectationSuite(name=f"{name}_suite", expectations=expectations))
+        return batch.validate(suite).to_json_dict()
+    finally:
+        df.unpersist()
 
 
 def _describe_failure(r: dict) -> str:

@@ -12,7 +12,9 @@ Endpoints (all on loopback by default):
   version and age, misses, reloads), ``GET /v1/status`` (the same as JSON).
 
 Limits: ``--max-items`` per request (413 above), ``--max-body-bytes`` (413). Malformed JSON, a
-missing or non-string user id, non-string item ids get 400 with the reason. Unknown users and
+missing or non-string user id, non-string item ids, and ids that cannot be stored
+(``feature_store/ids.py``: empty, over 256 characters, control characters, lone surrogates) get
+400 with the reason. Unknown users and
 items are answered (tier ``none``); duplicate items are answered per position.
 """
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 import threading
 import time
@@ -29,6 +32,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 
+from feature_store.ids import id_problem
 from feature_store.resolution import TIERS
 from feature_store.wire import BINARY_TYPE, encode_binary
 
@@ -51,6 +55,8 @@ def parse_request(body: bytes, max_items: int) -> tuple[str, list[str], datetime
     user, items = req.get("user_id"), req.get("item_ids")
     if not isinstance(user, str) or not user:
         raise BadRequest(400, "user_id must be a non-empty string")
+    if (problem := id_problem(user)) is not None:
+        raise BadRequest(400, f"user_id {problem}")
     if not isinstance(items, list):
         raise BadRequest(400, "item_ids must be a list of strings")
     if len(items) > max_items:
@@ -58,6 +64,9 @@ def parse_request(body: bytes, max_items: int) -> tuple[str, list[str], datetime
     bad = next((i for i, x in enumerate(items) if not isinstance(x, str)), None)
     if bad is not None:
         raise BadRequest(400, f"item_ids[{bad}] is {type(items[bad]).__name__}, not a string")
+    for i, item in enumerate(items):
+        if (problem := id_problem(item)) is not None:
+            raise BadRequest(400, f"item_ids[{i}] {problem}")
     now = req.get("now")
     if now is not None:
         try:
@@ -108,7 +117,9 @@ class Metrics:
                   f"solaris_snapshot_pairs {status['snapshot_stats'].get('pairs', 0)}",
                   f"solaris_snapshot_reloads_total {status['reloads']}",
                   f"solaris_snapshot_reload_failures_total {status['reload_failures']}"]
-        lines += [f"solaris_misses_{k}_total {v}" for k, v in misses.items()]
+        lines += [f"solaris_misses_{k}_total {v}" for k, v in misses.items() if k not in ("buffered", "last_error")]
+        if "buffered" in misses:
+            lines.append(f"solaris_misses_buffered {misses['buffered']}")
         return "\n".join(lines) + "\n"
 
 
@@ -229,10 +240,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from feature_store.online import OnlineStore
 
-        store = OnlineStore(cfg.lake.tables_path, poll_seconds=sc.poll_seconds, record_misses=sc.record_misses).start()
+        store = OnlineStore(cfg.lake.tables_path, poll_seconds=sc.poll_seconds, record_misses=sc.record_misses,
+                            miss_flush_seconds=sc.miss_flush_seconds).start()
     server = LookupServer(store, sc.host, sc.port, sc.max_items, sc.max_body_bytes)
     print(f"SOLARIS lookup on {server.url} ({sc.backend}; snapshot {store.status()['snapshot_run_id'] or 'none yet'})",
           flush=True)
+    # SIGTERM (docker stop, systemd, Kubernetes) ends the server like Ctrl-C: the miss buffer is flushed.
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
     try:
         server.serve_forever()
     except KeyboardInterrupt:

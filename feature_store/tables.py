@@ -53,6 +53,7 @@ REQUEST_LOG = TableSpec(
         ("source", "STRING", "which ingested log the row came from (mind, globo, synthetic, ...)"),
         ("date", "DATE", "partition: UTC date of ts"),
         ("hour", "INT", "partition: UTC hour of ts"),
+        ("input_path", "STRING", "the file or folder the row was ingested from; an ingest rewrites only its own input's rows"),
     ),
     primary_key=("request_id", "item_id"),
     partition_by=("date", "hour"),
@@ -68,6 +69,7 @@ USER_EVENTS = TableSpec(
         ("event_type", "STRING", "'click' or 'history' (MIND's clicks before the log window)"),
         ("source", "STRING", "which ingested log the row came from"),
         ("date", "DATE", "partition: UTC date of ts"),
+        ("input_path", "STRING", "the file or folder the row was ingested from; an ingest rewrites only its own input's rows"),
     ),
     primary_key=("user_id", "item_id", "ts", "event_type"),
     partition_by=("date",),
@@ -119,6 +121,7 @@ INGEST_RUNS = TableSpec(
         ("finished_at", "TIMESTAMP", "when the run committed, UTC"),
         ("popularity_auc", "DOUBLE", "generated candidates: AUC of the item's clicks in the prior hour alone; 0.5 no leak"),
         ("position_auc", "DOUBLE", "generated candidates: AUC of the position alone; 0.5 no leak"),
+        ("events_already_present", "BIGINT", "events of the input already in user_events from another input (kept once)"),
     ),
     primary_key=("run_id",),
 )

@@ -25,6 +25,7 @@ ENVIRONMENT = {
     "SOLARIS_CONFIG": "path of the TOML config file (when no --config is given)",
     "SOLARIS_LAKE_ROOT": "[lake] root: where the tables, the metastore and the models live",
     "SOLARIS_SPARK_MASTER": "[spark] master: local[*], spark://host:7077, yarn, k8s://...",
+    "SOLARIS_SPARK_DRIVER_JAVA_OPTIONS": "[spark] driver_java_options: JVM flags for the Spark driver",
     "SOLARIS_REDIS_URL": "[redis] url; set, the DAGs publish each snapshot to Redis",
     "SOLARIS_SPARK_CONN_ID": "the Airflow connection the DAGs submit Spark jobs through (default solaris_spark)",
 }
@@ -66,6 +67,9 @@ class SparkConfig:
     shuffle_partitions: int = 8  # small lake by default; raise on a cluster
     driver_memory: str = "4g"
     ui_enabled: bool = False
+    # JVM flags for the driver (e.g. "-XX:+UseG1GC -Xss4m"), added to the ones SOLARIS sets itself
+    # (the metastore's home, logging), which "spark.driver.extraJavaOptions" in `extra` would replace.
+    driver_java_options: str = ""
     # Extra Spark settings passed through untouched (e.g. {"spark.executor.memory": "8g"}).
     extra: dict[str, str] = field(default_factory=dict)
 
@@ -153,6 +157,7 @@ class ServeConfig:
     max_items: int = 1000  # candidates per request
     max_body_bytes: int = 1 << 20
     record_misses: bool = True  # append misses to miss_queue, for the next precompute run
+    miss_flush_seconds: float = 2.0  # how often buffered misses are appended (and at shutdown)
 
     def __post_init__(self):
         if self.backend not in ("embedded", "redis"):
@@ -222,6 +227,8 @@ def load_config(path: str | os.PathLike | None = None, env: dict[str, str] | Non
         data = _merge(data, {"lake": {"root": env["SOLARIS_LAKE_ROOT"]}})
     if env.get("SOLARIS_SPARK_MASTER"):
         data = _merge(data, {"spark": {"master": env["SOLARIS_SPARK_MASTER"]}})
+    if env.get("SOLARIS_SPARK_DRIVER_JAVA_OPTIONS"):
+        data = _merge(data, {"spark": {"driver_java_options": env["SOLARIS_SPARK_DRIVER_JAVA_OPTIONS"]}})
     if env.get("SOLARIS_REDIS_URL"):
         data = _merge(data, {"redis": {"url": env["SOLARIS_REDIS_URL"], "publish": True}})
     return _build(SolarisConfig, data, "")

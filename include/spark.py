@@ -37,7 +37,7 @@ def spark_conf(cfg: SolarisConfig) -> dict[str, str]:
             f"jdbc:derby:;databaseName={lake.metastore_path};create=true",
         # Derby writes derby.log into the working directory unless told otherwise.
         "spark.driver.extraJavaOptions": f"-Dderby.system.home={lake.root_path} "
-                                         f"-Dlog4j2.configurationFile=file:{LOG4J}",
+                                         f"-Dlog4j2.configurationFile=file:{LOG4J} {cfg.spark.driver_java_options}".strip(),
         # Event times are UTC everywhere: parsing, partition dates and display.
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.shuffle.partitions": str(cfg.spark.shuffle_partitions),
@@ -120,8 +120,68 @@ def get_spark(cfg: SolarisConfig):
 
 
 def ensure_database(spark, cfg: SolarisConfig) -> None:
-    """The config's catalog database, its warehouse folder under the lake root."""
-    spark.sql(f"CREATE DATABASE IF NOT EXISTS {cfg.lake.database} LOCATION '{cfg.lake.warehouse_path / cfg.lake.database}.db'")
+    """The config's catalog database, its warehouse folder under the lake root; a catalog that came
+    with a copied or moved lake is pointed at this lake's tables (``relocate_tables``)."""
+    db, want = cfg.lake.database, cfg.lake.warehouse_path / f"{cfg.lake.database}.db"
+    spark.sql(f"CREATE DATABASE IF NOT EXISTS {db} LOCATION '{want}'")
+    rows = {r[0]: r[1] for r in spark.sql(f"DESCRIBE DATABASE {db}").collect()}
+    have = local_path(rows.get("Location", ""))
+    if have != want and have.parent.name == "warehouse":
+        relocate_tables(spark, cfg, old_root=have.parent.parent)
+
+
+def local_path(uri: str) -> Path:
+    """A catalog location (``file:/x``, ``file:///x`` or a bare path) as a local path."""
+    from urllib.parse import unquote, urlparse
+
+    return Path(unquote(urlparse(uri).path)) if uri.startswith("file:") else Path(uri)
+
+
+class CatalogLocationError(RuntimeError):
+    """The catalog's database belongs to another lake, and re-pointing it is not this lake's to do."""
+
+
+# Settings that point Spark at a metastore shared beyond this lake (a cluster's Hive metastore).
+SHARED_METASTORE_KEYS = ("spark.hadoop.javax.jdo.option.ConnectionURL", "spark.hadoop.hive.metastore.uris")
+
+
+def relocate_tables(spark, cfg: SolarisConfig, old_root: Path) -> list[str]:
+    """Point the entries of tables that lie under ``old_root`` at the same relative place under this
+    lake's root, where the data exists there.
+
+    The embedded metastore travels inside the lake folder and records absolute paths: after
+    ``cp -r lake lake2`` (or a move) every name in lake2's catalog still points into ``lake``, so a
+    read by name would read the original and a MERGE would write into it. Only the catalog entry
+    changes (``ALTER TABLE ... SET LOCATION``; the tables are external Delta tables); no file is
+    touched at either place. Entries whose data is not in this lake are left as they are and named.
+    (The database's own location stays stale: Spark's built-in Hive 2.3 client cannot alter it.)
+    With a shared metastore (``SHARED_METASTORE_KEYS`` in ``[spark.extra]``) the database may be
+    another lake's in earnest: ``CatalogLocationError`` instead of any change.
+    """
+    root, db = cfg.lake.root_path, cfg.lake.database
+    shared = [k for k in SHARED_METASTORE_KEYS if k in cfg.spark.extra]
+    if shared:
+        raise CatalogLocationError(
+            f"the catalog database {db} lies in {old_root}, not in this lake ({root}), and the metastore is "
+            f"shared beyond this lake ({', '.join(shared)}): give this lake its own [lake] database")
+    moved, missing = [], []
+    for row in spark.sql(f"SHOW TABLES IN {db}").collect():
+        name = f"{db}.{row.tableName}"
+        info = {r.col_name: r.data_type for r in spark.sql(f"DESCRIBE TABLE EXTENDED {name}").collect()}
+        at = local_path(info.get("Location") or "")
+        if not at.is_relative_to(old_root) or at.is_relative_to(root):
+            continue
+        target = root / at.relative_to(old_root)
+        if not (target / "_delta_log").is_dir():
+            missing.append(f"{name} ({at})")
+            continue
+        spark.sql(f"ALTER TABLE {name} SET LOCATION '{target}'")
+        moved.append(name)
+    if moved or missing:
+        print(f"note: the catalog of {root} pointed into {old_root} (a copied or moved lake): "
+              f"{len(moved)} table(s) now read and write {root}"
+              + (f"; not found here, left as they were: {', '.join(missing)}" if missing else ""), file=sys.stderr)
+    return moved
 
 
 def write_properties(cfg: SolarisConfig, path: Path | None = None) -> Path:

@@ -4,16 +4,20 @@ Shared by every ingest job so that all sources land the same way:
 
 - the request rows are validated with great-expectations *before* anything is written, so a
   failed validation leaves the tables as they were;
-- every write is idempotent: ``replaceWhere`` on (source, time range) for the time-partitioned
-  tables, on (source, input_path) for the quarantine, MERGE on the key for ``items`` and
-  ``ingest_runs``. Ingesting the same input twice leaves the same tables.
+- every write is idempotent per input: ``replaceWhere`` on (source, input_path) for
+  ``request_log``, ``user_events`` and the quarantine, MERGE on the key for ``items`` and
+  ``ingest_runs``. Ingesting the same input twice leaves the same tables, and ingesting another
+  input never removes a row that came from a different one, whatever their time ranges;
+- a request that another input already brought (the same request id: the same click, the same
+  impression) is quarantined as such rather than written twice, and an event already present
+  from another input is kept once and counted (``events_already_present``).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -44,6 +48,7 @@ class IngestReport:
     quality_report: str | None = None
     popularity_auc: float | None = None  # single-feature AUCs of generated candidates (click logs only)
     position_auc: float | None = None
+    events_already_present: int = 0  # events another input had already brought (kept once)
 
     def lines(self, database: str) -> list[str]:
         return [*self._lines(database), *self.leak_lines()]
@@ -66,7 +71,8 @@ class IngestReport:
             f"  records read            {self.records_in:>12,}",
             f"  -> {database}.request_log        {self.request_rows:>12,} rows ({self.requests:,} requests, "
             f"{self.min_ts} .. {self.max_ts})",
-            f"  -> {database}.user_events        {self.event_rows:>12,} rows",
+            f"  -> {database}.user_events        {self.event_rows:>12,} rows"
+            + (f" ({self.events_already_present:,} more already there from another input)" if self.events_already_present else ""),
             f"  -> {database}.items              {self.item_rows:>12,} rows",
             f"  -> {database}.request_log_quarantine {self.quarantined:>8,} records",
             f"  quality report: {self.quality_report}",
@@ -86,10 +92,19 @@ def write_ingest(spark, cfg, *, source: str, input_path: str, records_in: int, r
     records are in ``quarantine`` (e.g. MIND's news.tsv beside behaviors.tsv). ``pool_clicks``: the
     clicks that generated candidates were drawn from (click logs): the leak check runs on them."""
     ensure_tables(spark, cfg)
-    requests = conform(requests, REQUEST_LOG).persist()
-    events = conform(events, USER_EVENTS).persist()
-    quarantine = conform(quarantine, REQUEST_LOG_QUARANTINE).persist()
+    cached = []
+
+    def cache(df):
+        cached.append(df.persist())
+        return df
+
     try:
+        requests = cache(conform(requests.withColumn("input_path", F.lit(input_path)), REQUEST_LOG))
+        events = cache(conform(events.withColumn("input_path", F.lit(input_path)), USER_EVENTS))
+        requests, events, repeated, events_present = _without_other_inputs(spark, cfg, source, input_path, requests, events)
+        requests, events = cache(requests), cache(events)
+        quarantine = quarantine.unionByName(quarantine_rows(repeated, source, input_path, lake.utc_now()))
+        quarantine = cache(conform(quarantine, REQUEST_LOG_QUARANTINE))
         stats = requests.agg(F.count(F.lit(1)).alias("rows"), F.countDistinct("request_id").alias("requests"),
                              F.min("ts").alias("min_ts"), F.max("ts").alias("max_ts")).first()
         ev = events.agg(F.count(F.lit(1)).alias("rows"), F.min("ts").alias("min_ts"), F.max("ts").alias("max_ts")).first()
@@ -101,16 +116,12 @@ def write_ingest(spark, cfg, *, source: str, input_path: str, records_in: int, r
             report_path = quality.validate_request_log(requests, cfg, run_name=_safe(run_id))
 
         paths = ", ".join(f"'{_sql(p)}'" for p in (input_path, *other_inputs))
+        mine = f"source = '{_sql(source)}' AND input_path = '{_sql(input_path)}'"
         lake.replace(cfg, REQUEST_LOG_QUARANTINE, quarantine,
                      f"source = '{_sql(source)}' AND input_path IN ({paths})")
-        if stats.rows:
-            lake.replace(cfg, REQUEST_LOG, requests,
-                         f"source = '{_sql(source)}' AND ts >= '{stats.min_ts}' AND ts <= '{stats.max_ts}'",
-                         repartition=True)
-        if ev.rows:
-            lake.replace(cfg, USER_EVENTS, events,
-                         f"source = '{_sql(source)}' AND ts >= '{ev.min_ts}' AND ts <= '{ev.max_ts}'",
-                         repartition=True)
+        # Always written, even when empty: a rerun of an input that now yields nothing removes its rows.
+        lake.replace(cfg, REQUEST_LOG, requests, mine, repartition=True)
+        lake.replace(cfg, USER_EVENTS, events, mine, repartition=True)
         item_rows = 0
         if items is not None:
             items = conform(items, ITEMS)
@@ -123,7 +134,7 @@ def write_ingest(spark, cfg, *, source: str, input_path: str, records_in: int, r
 
             leak = leak_statistics(requests, pool_clicks)
         report = IngestReport(
-            **leak, run_id=run_id, source=source, input_path=input_path, records_in=records_in,
+            **leak, events_already_present=events_present, run_id=run_id, source=source, input_path=input_path, records_in=records_in,
             request_rows=stats.rows, requests=stats.requests, event_rows=ev.rows, item_rows=item_rows,
             quarantined=quarantine.count(), min_ts=stats.min_ts, max_ts=stats.max_ts,
             seconds=round(time.perf_counter() - started, 3),
@@ -133,9 +144,45 @@ def write_ingest(spark, cfg, *, source: str, input_path: str, records_in: int, r
         lake.upsert(spark, cfg, INGEST_RUNS, conform(spark.createDataFrame([run_row], INGEST_RUNS.schema()), INGEST_RUNS))
         return report
     finally:
-        requests.unpersist()
-        events.unpersist()
-        quarantine.unpersist()
+        for df in cached:
+            df.unpersist()
+
+
+ALREADY_INGESTED = "request already ingested from another input"
+
+
+def _without_other_inputs(spark, cfg, source: str, input_path: str, requests: DataFrame, events: DataFrame):
+    """Split off what other inputs of ``source`` already wrote: requests whose id is in
+    ``request_log`` from another input (returned as quarantine rows, one per request: raw, reason)
+    and events whose key is in ``user_events`` from another input (left out and counted: the row
+    is there once). Only this input's time range of each table is read."""
+    from feature_store.tables import in_time_range, qualified_name
+
+    other = (F.col("source") == source) & (F.col("input_path").isNull() | (F.col("input_path") != input_path))
+
+    def rows_of_others(spec, df, columns):
+        lo, hi = df.agg(F.min("ts"), F.max("ts")).first()
+        if lo is None:
+            return None
+        table = spark.table(qualified_name(spec, cfg.lake.database))
+        return in_time_range(table, lo, hi + timedelta(microseconds=1)).where(other).select(*columns).distinct()
+
+    repeated = requests.limit(0)
+    taken = rows_of_others(REQUEST_LOG, requests, ["request_id"])
+    if taken is not None:
+        repeated = requests.join(taken, "request_id", "left_semi")
+        requests = requests.join(taken, "request_id", "left_anti")
+    present = 0
+    key = list(USER_EVENTS.primary_key)
+    there = rows_of_others(USER_EVENTS, events, key)
+    if there is not None:
+        present = events.join(there, key, "left_semi").count()
+        if present:
+            events = events.join(there, key, "left_anti")
+    bad = (repeated.groupBy("request_id", "user_id", "ts").agg(F.sort_array(F.collect_list("item_id")).alias("item_ids"))
+           .select(F.to_json(F.struct("request_id", "user_id", F.col("ts").cast("string").alias("ts"), "item_ids")).alias("raw"),
+                   F.lit(ALREADY_INGESTED).alias("reason")))
+    return requests, events, bad, present
 
 
 def _sql(s: str) -> str:

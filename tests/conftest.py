@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from include.config import SolarisConfig
+from include.spark import ensure_database
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATASETS = ROOT.parent / "shared" / "datasets"
@@ -84,7 +85,7 @@ def base_lake(spark, lake_root, tmp_path_factory):
     from spark_jobs import ingest_clicklog as ic
 
     cfg = _test_config(lake_root / "base", database="t_base")
-    spark.sql(f"CREATE DATABASE IF NOT EXISTS {cfg.lake.database}")
+    ensure_database(spark, cfg)
     path = tmp_path_factory.mktemp("base_log") / "clicks.csv"
     synthetic.write_csv(synthetic.generate(synthetic.SyntheticConfig(**BASE_LOG)), path)
     ic.ingest(spark, cfg, str(path), ic.spec_from_args(ic.parse_args(["--input", str(path), "--source", "synthetic"]), cfg))
@@ -102,7 +103,7 @@ def copy_lake(spark, base: SolarisConfig, cfg: SolarisConfig, models: bool = Tru
     shutil.copytree(base.lake.tables_path, cfg.lake.tables_path)
     if models:
         shutil.copytree(base.models_root, cfg.models_root)
-    spark.sql(f"CREATE DATABASE IF NOT EXISTS {cfg.lake.database}")
+    ensure_database(spark, cfg)
     ensure_tables(spark, cfg)
     return cfg
 
@@ -116,7 +117,7 @@ def make_cfg(spark, lake_root, request):
         cfg = _test_config(lake_root / name, database=f"t_{name}")
         if sections:
             cfg = cfg.with_overrides(**sections)
-        spark.sql(f"CREATE DATABASE IF NOT EXISTS {cfg.lake.database}")
+        ensure_database(spark, cfg)
         return cfg
 
     return make

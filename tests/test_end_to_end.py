@@ -29,28 +29,42 @@ def test_main_job_reports_what_landed_where(demo_lake):
     assert "-> solaris.request_log_quarantine        0 records" in out
 
 
-def test_sql_entry_point_answers_after_the_demo(demo_lake):
+def test_sql_entry_point_answers_after_the_demo(demo_lake, sql_answers):
     lake, out = demo_lake
     requests = int(next(ln for ln in out.splitlines() if "-> solaris.request_log " in ln).split("(")[1].split()[0].replace(",", ""))
-    got = run([sys.executable, "-m", "include.sql", "--json",
-               "SELECT count(*) AS n, count(DISTINCT request_id) AS r, sum(label) AS clicks FROM solaris.request_log"], lake)
-    row = json.loads(got.strip().splitlines()[-1])
+    row = sql_answers["count"][0]
     assert row["r"] == requests and row["clicks"] == requests and row["n"] > requests
 
 
-def test_spark_submit_runs_an_ingest_job_into_the_same_catalog(demo_lake, tmp_path):
+def test_spark_submit_ingests_into_a_copied_lake_and_never_into_the_original(demo_lake, tmp_path):
+    """`cp -r lake lake2` copies the embedded metastore, whose entries hold the original's absolute
+    paths. A job on the copy re-points them (and says so), then reads and writes only the copy."""
+    import shutil
+
+    from deltalake import DeltaTable
+
     lake, _ = demo_lake
+    read = lambda root, name: DeltaTable(str(root / "tables" / name)).to_pandas()  # noqa: E731
+    before = {n: read(lake, n) for n in ("request_log", "ingest_runs", "user_events")}
+    copy = tmp_path / "lake2"
+    shutil.copytree(lake, copy)
     log = tmp_path / "more.csv"
     log.write_text("user_id,item_id,ts\nz1,i1,1767657600000\nz2,i2,1767657660000\n")
-    props = run([sys.executable, "-m", "include.spark"], lake).strip()
-    assert props == f"{lake}/spark-solaris.conf"
+    props = run([sys.executable, "-m", "include.spark"], copy).strip()
+    assert props == f"{copy}/spark-solaris.conf"
     submit = str(Path(sys.executable).with_name("spark-submit"))
     out = run([submit, "--properties-file", props, "spark_jobs/ingest_clicklog.py", "--input", str(log),
-               "--source", "submitted"], lake)
+               "--source", "submitted"], copy, both=True)
     assert re.search(r"-> solaris.request_log\s+2 rows \(2 requests", out), out
+    assert f"note: the catalog of {copy} pointed into {lake} (a copied or moved lake): " in out
     got = run([sys.executable, "-m", "include.sql", "--json",
-               "SELECT source, count(*) AS n FROM solaris.ingest_runs GROUP BY source ORDER BY source"], lake)
+               "SELECT source, count(*) AS n FROM solaris.ingest_runs GROUP BY source ORDER BY source"], copy)
     assert [json.loads(x) for x in got.strip().splitlines()] == [{"source": "submitted", "n": 1}, {"source": "synthetic", "n": 1}]
+    assert sorted(read(copy, "ingest_runs")["source"]) == ["submitted", "synthetic"]
+    for name, df in before.items():  # the original lake, read by path: exactly as it was
+        pd_cols = [c for c in df.columns if c != "embedding"]
+        assert read(lake, name)[pd_cols].sort_values(pd_cols).reset_index(drop=True).equals(
+            df[pd_cols].sort_values(pd_cols).reset_index(drop=True)), name
 
 
 def test_sql_entry_point_reports_bad_sql_clearly(demo_lake):
@@ -62,13 +76,8 @@ def test_sql_entry_point_reports_bad_sql_clearly(demo_lake):
     assert "SQL error" in p.stderr and "no_such_table" in p.stderr
 
 
-def test_spark_sql_cli_reads_the_same_catalog(demo_lake):
-    lake, _ = demo_lake
-    props = run([sys.executable, "-m", "include.spark"], lake).strip()
-    spark_sql = str(Path(sys.executable).with_name("spark-sql"))
-    out = run([spark_sql, "--properties-file", props, "-e",
-               "SELECT count(DISTINCT request_id), sum(label) FROM solaris.request_log"], lake)
-    requests, clicks = out.strip().splitlines()[-1].split("\t")
+def test_spark_sql_cli_reads_the_same_catalog(spark_sql_out):
+    requests, clicks = spark_sql_out.strip().splitlines()[-1].split("\t")
     assert int(requests) == int(clicks) > 0  # one click per request in a click log
 
 
@@ -83,7 +92,36 @@ def sections(out: str) -> list[list[dict]]:
     return got
 
 
-def test_documented_example_queries_answer_what_the_tables_hold(demo_lake, tmp_path):
+QUERIES = ROOT / "docs" / "example_queries.sql"
+COUNT = "SELECT count(*) AS n, count(DISTINCT request_id) AS r, sum(label) AS clicks FROM solaris.request_log"
+CLI_COUNT = "SELECT count(DISTINCT request_id), sum(label) FROM solaris.request_log"
+
+
+@pytest.fixture(scope="module")
+def sql_answers(demo_lake, tmp_path_factory):
+    """One run of the SQL entry point (one JVM) over docs/example_queries.sql, the same file with a
+    6-hour horizon (so the expiry query also has rows to count: the TTL is 6 h), and a count."""
+    lake, _ = demo_lake
+    text = QUERIES.read_text()
+    both = tmp_path_factory.mktemp("sql") / "all.sql"
+    both.write_text(f"{text}\n{text.replace('INTERVAL 1 HOUR', 'INTERVAL 6 HOURS')}\n{COUNT};\n")
+    got = sections(run([sys.executable, "-m", "include.sql", "--json", "--file", str(both)], lake))
+    assert len(got) == 9
+    return {"queries": got[:4], "wider": got[4:8], "count": got[8]}
+
+
+@pytest.fixture(scope="module")
+def spark_sql_out(demo_lake, tmp_path_factory):
+    """spark-sql -f over the example queries and a count, on the properties file of the lake."""
+    lake, _ = demo_lake
+    path = tmp_path_factory.mktemp("spark_sql") / "queries.sql"
+    path.write_text(f"{QUERIES.read_text()}\n{CLI_COUNT};\n")
+    props = run([sys.executable, "-m", "include.spark"], lake).strip()
+    spark_sql = str(Path(sys.executable).with_name("spark-sql"))
+    return run([spark_sql, "--properties-file", props, "-f", str(path)], lake)
+
+
+def test_documented_example_queries_answer_what_the_tables_hold(demo_lake, sql_answers, spark_sql_out):
     """docs/example_queries.sql through the SQL entry point and spark-sql, against the tables read
     independently with delta-rs."""
     import pandas as pd
@@ -91,12 +129,7 @@ def test_documented_example_queries_answer_what_the_tables_hold(demo_lake, tmp_p
 
     lake, _ = demo_lake
     read = lambda name: DeltaTable(str(lake / "tables" / name)).to_pandas()
-    queries = ROOT / "docs" / "example_queries.sql"
-    # The same file with a 6-hour horizon, so the expiry query also has rows to count (TTL is 6 h).
-    wider = tmp_path / "wider.sql"
-    wider.write_text(queries.read_text().replace("INTERVAL 1 HOUR", "INTERVAL 6 HOURS"))
-    got = sections(run([sys.executable, "-m", "include.sql", "--json", "--file", str(queries)], lake))
-    got_wide = sections(run([sys.executable, "-m", "include.sql", "--json", "--file", str(wider)], lake))
+    got, got_wide = sql_answers["queries"], sql_answers["wider"]
     assert len(got) == len(got_wide) == 4
 
     feats, pairs, runs = read("request_features"), read("pair_embeddings"), read("precompute_runs")
@@ -118,7 +151,5 @@ def test_documented_example_queries_answer_what_the_tables_hold(demo_lake, tmp_p
     newest = runs.sort_values("interval_end").iloc[-1]
     assert got[3][0]["run_id"] == newest["run_id"] and got[3][0]["pairs_embedded"] == newest["pairs_embedded"]
 
-    props = run([sys.executable, "-m", "include.spark"], lake).strip()
-    spark_sql = str(Path(sys.executable).with_name("spark-sql"))
-    out = run([spark_sql, "--properties-file", props, "-f", str(queries)], lake)
+    out = spark_sql_out
     assert f"{top['user_id'].iloc[0]}\t{top['n'].iloc[0]}\t" in out and newest["run_id"] in out

@@ -1,6 +1,7 @@
 """Click-log ingestion: synthetic and Globo-format input, every bad-input case, idempotency."""
 
 import gzip
+import json
 
 import pytest
 
@@ -50,13 +51,43 @@ def test_a_table_of_an_older_declaration_gains_the_new_columns_and_keeps_its_row
     from feature_store.tables import INGEST_RUNS, ensure_table
 
     cfg = make_cfg("old_runs")
-    old = replace(INGEST_RUNS, columns=tuple(c for c in INGEST_RUNS.columns if not c[0].endswith("_auc")))
+    old = replace(INGEST_RUNS, columns=INGEST_RUNS.columns[:INGEST_RUNS.column_names.index("popularity_auc")])
     name = ensure_table(spark, old, cfg)
     spark.sql(f"INSERT INTO {name} (run_id, source) VALUES ('r1', 'x')")
     assert ensure_table(spark, INGEST_RUNS, cfg) == name
     assert spark.table(name).columns == INGEST_RUNS.column_names
     row = spark.table(name).collect()
     assert [(r.run_id, r.source, r.popularity_auc) for r in row] == [("r1", "x", None)]
+
+
+def test_a_catalog_that_came_with_a_copied_lake_is_repointed_or_refused(spark, make_cfg, tmp_path):
+    """The database's entries point into another lake (its metastore was copied with it): tables
+    whose data is in this lake are re-pointed and the other lake is never written; one not copied
+    is left and named; with a shared metastore the job refuses with what to do."""
+    import shutil
+
+    from deltalake import DeltaTable
+
+    from feature_store import lake
+    from feature_store.tables import INGEST_RUNS, ITEMS, ensure_table
+    from include.spark import CatalogLocationError, ensure_database
+
+    orig = make_cfg("entry_orig")
+    name = ensure_table(spark, ITEMS, orig)
+    ensure_table(spark, INGEST_RUNS, orig)
+    spark.sql(f"INSERT INTO {name} (item_id, category) VALUES ('i1', 'news')")
+    here = orig.with_overrides(lake={"root": str(tmp_path / "here")})  # same database, so the same entries
+    shutil.copytree(orig.lake.table_path("items"), here.lake.table_path("items"))  # ingest_runs not copied
+    shared = here.with_overrides(spark={"extra": {"spark.hadoop.hive.metastore.uris": "thrift://metastore:9083"}})
+    with pytest.raises(CatalogLocationError, match="shared beyond this lake"):
+        ensure_database(spark, shared)
+    ensure_database(spark, here)
+    lake.upsert(spark, here, ITEMS, spark.createDataFrame([("i2", "sports", None, None, "s")], ITEMS.schema()))
+    assert sorted(r.item_id for r in spark.table(name).collect()) == ["i1", "i2"]
+    assert DeltaTable(str(here.lake.table_path("items"))).to_pandas()["item_id"].sort_values().tolist() == ["i1", "i2"]
+    assert DeltaTable(str(orig.lake.table_path("items"))).to_pandas()["item_id"].tolist() == ["i1"]  # untouched
+    runs = spark.sql(f"DESCRIBE TABLE EXTENDED {orig.lake.database}.ingest_runs").collect()
+    assert str(orig.lake.table_path("ingest_runs")) in next(r.data_type for r in runs if r.col_name == "Location")
 
 
 @pytest.fixture
@@ -92,17 +123,50 @@ def test_every_bad_record_is_quarantined_with_its_reason(spark, make_cfg, dirty_
     assert all(r.source == "clicklog" and r.input_path == str(path) for r in q)
 
 
-def test_ingest_twice_leaves_the_same_tables(spark, make_cfg, dirty_log):
-    path, _, _ = dirty_log
-    cfg = make_cfg("click_idem")
-    names = ["request_log", "user_events", "request_log_quarantine"]
-    ic.ingest(spark, cfg, str(path), spec(cfg))
-    cols = {n: [c for c in table(spark, cfg, n).columns if c != "ingested_at"] for n in names}
-    first = {n: sorted(table(spark, cfg, n).select(cols[n]).collect()) for n in names}
+def test_a_second_input_never_removes_the_rows_of_the_first(spark, make_cfg, tmp_path):
+    """Two files of one source whose time ranges overlap: the first file's rows stay whole, the
+    second's new clicks land beside them, a click both files hold is written once and quarantined
+    for the second with the reason; rerunning the second (bad records and all) rewrites its rows and
+    changes nothing."""
+    cfg = make_cfg("click_overlap", clicklog={"negatives_per_click": 2, "pool_size": 20})
+    first = [f"u{n % 7},i{n % 5},{H0 + n * 120_000},1,0,3,1" for n in range(60)]  # 00:00 .. 02:00
+    shared = first[40:45]  # five clicks in both files
+    second = shared + [f"v{n % 7},i{n % 5},{H0 + 90 * 60_000 + n * 60_000},1,0,3,1" for n in range(60)]  # 01:30 .. 02:30
+    second += ["v1,i1,1767571260000,1,0,3,1,EXTRA", ",i1,1767571260000,1,0,3,1"]  # two bad records
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    a.write_text("\n".join([HEADER] + first) + "\n")
+    b.write_text("\n".join([HEADER] + second) + "\n")
+    names = ["request_log", "user_events", "request_log_quarantine", "ingest_runs"]
+
+    def snapshot():
+        out = {}
+        for n in names:
+            cols = [c for c in table(spark, cfg, n).columns if c not in ("ingested_at", "seconds", "finished_at")]
+            out[n] = sorted(table(spark, cfg, n).select(cols).collect())
+        return out
+
+    ra = ic.ingest(spark, cfg, str(a), spec(cfg))
+    rows_a = sorted(table(spark, cfg, "request_log").collect())
+    rb = ic.ingest(spark, cfg, str(b), spec(cfg))
+    assert (rb.records_in, rb.requests, rb.quarantined) == (67, 60, 7)
+    assert rb.events_already_present == 5  # the shared clicks' events are there once, from the first file
+    rl = table(spark, cfg, "request_log")
+    assert sorted(rl.where(f"input_path = '{a}'").collect()) == rows_a  # the first file's rows, untouched
+    assert rl.select("request_id").distinct().count() == ra.requests + rb.requests == 120
+    assert rl.groupBy("request_id", "item_id").count().where("count > 1").count() == 0
+    events = table(spark, cfg, "user_events")
+    assert events.count() == 120 and events.where(f"input_path = '{a}'").count() == 60
+    q = table(spark, cfg, "request_log_quarantine").where(f"input_path = '{b}'").collect()
+    repeated = [r for r in q if r.reason == "request already ingested from another input"]
+    assert len(q) == 7 and len(repeated) == 5
+    assert sorted(json.loads(r.raw)["user_id"] for r in repeated) == sorted(line.split(",")[0] for line in shared)
+    runs = {r.input_path: r for r in table(spark, cfg, "ingest_runs").collect()}
+    assert (runs[str(a)].requests, runs[str(b)].requests, runs[str(b)].quarantined) == (60, 60, 7)
+
+    before = snapshot()
     versions = {n: spark.sql(f"DESCRIBE HISTORY {cfg.lake.database}.{n}").count() for n in names}
-    ic.ingest(spark, cfg, str(path), spec(cfg))
-    second = {n: sorted(table(spark, cfg, n).select(cols[n]).collect()) for n in names}
-    assert second == first
+    ic.ingest(spark, cfg, str(b), spec(cfg))
+    assert snapshot() == before
     # the rerun did write (a new version), and replaced rather than appended
     assert all(spark.sql(f"DESCRIBE HISTORY {cfg.lake.database}.{n}").count() > versions[n] for n in names)
 

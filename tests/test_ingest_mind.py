@@ -4,6 +4,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
+from include.spark import ensure_database
 from spark_jobs import ingest_mind
 from spark_jobs.ingest_clicklog import InputError
 from tests.conftest import DATA
@@ -23,7 +24,7 @@ def mind(spark, lake_root):
     from tests.conftest import _test_config
 
     cfg = _test_config(lake_root / "mind", database="t_mind")
-    spark.sql(f"CREATE DATABASE IF NOT EXISTS {cfg.lake.database}")
+    ensure_database(spark, cfg)
     report = ingest_mind.ingest(spark, cfg, BEHAVIORS, NEWS)
     return cfg, report
 

@@ -258,6 +258,90 @@ def test_a_full_miss_buffer_drops_and_counts_without_blocking(tmp_path):
     assert (rec.flushed, rec.flush_errors) == (3, 0)
 
 
+def test_ids_that_cannot_be_stored_get_400_and_miss_recording_goes_on(server, tables):
+    """A lone surrogate (JSON's "\\ud800"), a control character or an over-long id is refused with
+    the reason; misses of the requests after it still reach miss_queue."""
+    raw = [('{"user_id": "u\\ud800", "item_ids": ["i1"]}', "user_id holds U+D800 at offset 1 (a lone surrogate"),
+           ('{"user_id": "u1", "item_ids": ["i1", "i\\udfff"]}', "item_ids[1] holds U+DFFF"),
+           ('{"user_id": "u1", "item_ids": ["a\\u0000b"]}', "item_ids[0] holds U+0000 at offset 1 (a control character)"),
+           (json.dumps({"user_id": "u" * 257, "item_ids": ["i1"]}), "user_id is 257 characters long"),
+           (json.dumps({"user_id": "u1", "item_ids": [""]}), "item_ids[0] is empty")]
+    with LookupClient(server.url, binary=False) as c:
+        for body, message in raw:
+            got, _, data = c.request("POST", "/v1/lookup", body.encode(), {"Content-Type": "application/json"})
+            assert got == 400 and message in json.loads(data)["error"], (body, got, data)
+        c.lookup("u3", ["i0", "never_seen"], NOW)  # two misses, after the bad requests
+    deadline = time.time() + 10
+    while server.store.misses.flushed < 2 and time.time() < deadline:
+        time.sleep(0.1)
+    status = server.store.status()["misses"]
+    assert (status["flushed"], status["flush_errors"], status["rejected"]) == (2, 0, 0)
+    rows = DeltaTable(str(tables / "miss_queue")).to_pyarrow_table().to_pylist()
+    assert sorted(r["item_id"] for r in rows) == ["i0", "never_seen"]
+
+
+def test_the_miss_flusher_survives_bad_rows_and_failed_writes(tmp_path):
+    """Rows with unstorable ids (only a direct caller can bring them) are rejected and counted, the
+    rest of the batch is written; a failed write is counted, shown and retried with nothing lost."""
+    from feature_store.online import MissRecorder
+
+    target = tmp_path / "miss_queue"
+    target.write_text("a file where the table should be")  # every write fails until it is gone
+    rec = MissRecorder(tmp_path, capacity=100, flush_seconds=0.05).start()
+    try:
+        rec.add("u\ud800", ["a"], NOW)
+        rec.add("u", ["b", "c\x07"], NOW)
+        deadline = time.time() + 10
+        while rec.flush_errors < 2 and time.time() < deadline:
+            time.sleep(0.02)
+        status = rec.status()
+        assert status["flush_errors"] >= 2 and status["last_error"] and status["flushed"] == 0
+        assert status["rejected"] == 2 and status["buffered"] == 1  # ("u", "b") kept for the retry
+        target.unlink()
+        while rec.flushed < 1 and time.time() < deadline:
+            time.sleep(0.02)
+        assert rec._thread.is_alive() and rec.status()["last_error"] is None
+        rec.add("u", ["d"], NOW)
+    finally:
+        rec.stop()  # stop flushes what is left
+    rows = DeltaTable(str(target)).to_pyarrow_table().to_pylist()
+    assert sorted((r["user_id"], r["item_id"]) for r in rows) == [("u", "b"), ("u", "d")]
+    assert (rec.recorded, rec.rejected, rec.dropped, rec.flushed) == (4, 2, 0, 2)
+
+
+def test_sigterm_flushes_the_buffered_misses(tables, tmp_path):
+    """The service as run in a container: SIGTERM ends it and the misses still in its buffer (the
+    periodic flush is an hour away) are in miss_queue afterwards."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, free_port
+
+    port = free_port()
+    cfg = tmp_path / "serve.toml"
+    cfg.write_text(f'[lake]\nroot = "{tables.parent}"\n[serve]\nport = {port}\nmiss_flush_seconds = 3600\n')
+    proc = subprocess.Popen([sys.executable, "-m", "feature_store.serve", "--config", str(cfg)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        seen = []  # log lines, then the banner once it listens
+        while not any("SOLARIS lookup on" in line for line in seen[-1:]):
+            seen.append(proc.stdout.readline())
+            assert seen[-1], f"the service exited: {seen}"
+        with LookupClient(f"http://127.0.0.1:{port}") as c:
+            _, tiers, _ = c.lookup("u3", ["i21", "i0", "never_seen"], NOW)
+        assert tiers[1:] == ["user_mean", "user_mean"]
+        assert DeltaTable(str(tables / "miss_queue")).to_pyarrow_table().num_rows == 0
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    rows = DeltaTable(str(tables / "miss_queue")).to_pyarrow_table().to_pylist()
+    assert sorted((r["user_id"], r["item_id"]) for r in rows) == [("u3", "i0"), ("u3", "never_seen")]
+
+
 def test_binary_format_round_trips():
     emb = np.arange(15, dtype=np.float32).reshape(5, 3)
     tiers = np.array([0, 1, 2, 3, 0], np.int8)
