@@ -224,7 +224,7 @@ def main(argv=None) -> int:
             print(f"| {r['n']} | {fmt(e)} | {fmt(s)} | {fmt(h)} | "
                   f"{(e[1] / h[1]) if h else float('nan'):.2f}x | {(s[1] / h[1]) if h else float('nan'):.2f}x |")
 
-        srv = LookupServer(store, "127.0.0.1", 0, max_items=1000)
+        srv = LookupServer(store, "127.0.0.1", 0, max_items=1000, allow_client_now=True)  # replays a fixed hour
         threading.Thread(target=srv.serve_forever, daemon=True).start()
         print(f"\nHTTP (binary answers), {a.concurrency} client threads in a second process, {a.seconds:.0f} s each; "
               f"server and client share the machine's {os.cpu_count()} cores")

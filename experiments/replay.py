@@ -35,6 +35,7 @@ from pyspark.sql import functions as F
 from feature_store.resolution import TIERS
 from include.config import MODEL_SIZES
 from feature_store.tables import MISS_QUEUE, PRECOMPUTE_RUNS, REQUEST_FEATURES, qualified_name
+from spark_jobs.ingest import add_clicklog_arguments, clicklog_arguments
 
 
 @dataclass(frozen=True)
@@ -160,9 +161,20 @@ def run(spark, cfg, source: str, w: ReplayWindow, budgets: list[float], ttls: li
                                     Vocab.load(fm_path / "vocab.json"), source, eval_config, log)
     test_rows = rows_by_point[main.name]
     latency = lookup_latency(pcfgs[main.name].lake.tables_path, test_rows[test_rows["ts"] >= w.test_from])
-    return {"source": source, "window": {k: getattr(w, k) for k in ("start", "end", "measure_from", "test_from")}
+    from experiments import truth
+
+    predictions, bayes = variants.pop("predictions"), None
+    known = truth.read_truth(cfg.lake.tables_path, source)
+    if known is not None:  # a simulated log: the floor under every variant
+        bayes = truth.bayes_gap(predictions, known, list(replay_eval.VARIANTS),
+                                resamples=eval_config.bootstrap_resamples, seed=eval_config.vm_train.seed)
+    initial = {k: v for k, v in trained.items() if k in ("rows", "window", "models", "fm_beats_vm", "bootstrap")}
+    if known is not None:
+        initial["bayes"] = truth.bayes_gap(trained["predictions"], known, [x["model"] for x in trained["rows"]],
+                                           resamples=model_config.bootstrap_resamples, seed=model_config.split.seed)
+    return {"source": source, "bayes": bayes, "window": {k: getattr(w, k) for k in ("start", "end", "measure_from", "test_from")}
             | {"train_until": w.train_until}, "main": main.name, "points": results, "variants": variants,
-            "initial_models": {"rows": trained["rows"], "window": trained["window"], "models": trained["models"]},
+            "initial_models": initial,
             "lookup_ms": latency, "seed": eval_config.vm_train.seed, "seconds": round(time.perf_counter() - t0, 1),
             "reference": training.REFERENCE}
 
@@ -173,6 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.replay", description=__doc__.split("\n\n")[0])
     p.add_argument("--data", choices=sorted(WINDOWS), default="synthetic")
     p.add_argument("--input", help="the log to ingest (synthetic: generated when absent)")
+    from include import synthetic_world
+
+    synthetic_world.add_arguments(p)
+    add_clicklog_arguments(p)
     p.add_argument("--sample-fraction", type=float,
                    help="replay the whole histories of this share of users (include/sample.py) instead of the whole log")
     p.add_argument("--skip-ingest", action="store_true", help="use what is already in the lake")
@@ -201,8 +217,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(e))
     if a.sample_fraction is not None and not 0 < a.sample_fraction <= 1:
         p.error(f"--sample-fraction must be in (0, 1], got {a.sample_fraction}")
-    if a.sample_fraction is not None and a.data == "mind":
-        p.error("--sample-fraction applies to click logs (globo, synthetic), not to MIND")
+    if a.sample_fraction is not None and a.data not in ("globo", "clicklog"):
+        p.error(f"--sample-fraction applies to click logs (globo, clicklog), not to {a.data}")
     if not a.skip_ingest and not a.input and a.data != "synthetic":
         p.error(f"--input is required for --data {a.data}")
     cfg = load_config(a.config)
@@ -213,8 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     seeded = lambda t: replace(t, seed=a.seed)  # noqa: E731
     ec = replace(ec, fm_train=seeded(ec.fm_train), vm_train=seeded(ec.vm_train), ae_train=seeded(ec.ae_train),
                  split=replace(ec.split, seed=a.seed))
-    rc = replay_eval.ReplayEvalConfig(history_len=ec.history_len,
-                                      vm_train=seeded(replay_eval.ReplayEvalConfig().vm_train))
+    rc = replay_eval.ReplayEvalConfig(vm_train=seeded(replay_eval.ReplayEvalConfig().vm_train))
     try:
         if not a.skip_ingest:
             ingest(spark, cfg, a)
@@ -233,7 +248,9 @@ def ingest(spark, cfg, a) -> None:
 
     path = a.input
     if a.data == "synthetic" and not path:
-        path = write_synthetic(cfg)
+        from include import synthetic_world
+
+        path = write_synthetic(cfg, wcfg=synthetic_world.from_arguments(a))
     if a.sample_fraction is not None and a.sample_fraction < 1:
         import glob
 
@@ -247,7 +264,7 @@ def ingest(spark, cfg, a) -> None:
         print(f"sampled {rows_out:,} of {rows_in:,} clicks ({a.sample_fraction:.0%} of users) -> {out}", flush=True)
         path = str(out)
     print(f"ingesting {a.data} from {path}", flush=True)
-    report = ingest_log(spark, cfg, a.data, path)
+    report = ingest_log(spark, cfg, a.data, path, clicklog_arguments(a))
     print("\n".join(report.lines(cfg.lake.database)), flush=True)
 
 

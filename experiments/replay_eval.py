@@ -28,8 +28,8 @@ import torch
 
 from model import data as mdata
 from model import metrics
-from model.features import Vocab, build_examples
-from model.train import TrainConfig, bce_loss, fit, infer, kd_loss, n_params, pick_device, sigmoid
+from model.features import Vocab, build_examples, row_inputs, subset
+from model.train import TrainConfig, batches, bce_loss, fit, infer, kd_loss, n_params, pick_device, sigmoid
 from model.vm import TIER_NONE, TIERS, VerticalModel, VMConfig
 
 VARIANTS = ("VM", "VM + KD (soft labels)", "VM + SOLARIS (served)", "VM + SOLARIS (exact only)",
@@ -39,7 +39,6 @@ SERVED = "VM + SOLARIS (served)"
 
 @dataclass(frozen=True)
 class ReplayEvalConfig:
-    history_len: int = 10
     val_share: float = 0.2  # of the training hours' requests, the latest
     kd_alpha: float = 1.0
     vm_train: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=4, lr=3e-3))
@@ -60,7 +59,7 @@ def served_rows(cfg, tables_root, start, end, source: str | None = None) -> pd.D
     served["ts"] = mdata.utc_naive(served["ts"])
     served = served[(served["ts"] >= pd.Timestamp(start)) & (served["ts"] < pd.Timestamp(end))
                     & served["label"].notna()]
-    context = mdata.read_table(cfg, "request_log", ["request_id", "item_id", "device", "surface"], source)
+    context = mdata.read_table(cfg, "request_log", ["request_id", "item_id", "position", "device", "surface"], source)
     rows = served.merge(context, on=["request_id", "item_id"], how="left", validate="one_to_one")
     unknown = rows["device"].isna() & rows["surface"].isna()
     if unknown.any():
@@ -112,19 +111,20 @@ def evaluate(cfg, rows_by_point: dict[str, pd.DataFrame], main: str, test_from, 
     vm_train = replace(ec.vm_train, device=str(device))
     t0 = time.perf_counter()
     events, items = mdata.events_and_items(cfg, source)
-    events = events.assign(ts=mdata.utc_naive(events["ts"]))
     splits = split(rows_by_point[main], test_from, ec.val_share)
     keys = {k: v[["request_id", "item_id"]] for k, v in splits.items()}
     train_end = splits["train"]["ts"].max()
     vocab = Vocab.fit(splits["train"], events[events["ts"] < train_end], items)
-    x = {k: build_examples(v, events, vocab, ec.history_len, items) for k, v in splits.items()}
+    # the VMs read ids and context only: no history
+    x = {k: row_inputs(build_examples(v, events, vocab, 1, items)) for k, v in splits.items()}
     y = x["test"]["label"]
     dim = ae.cfg.code_dim
     log(f"  replay rows: {', '.join(f'{k} {len(v):,}' for k, v in splits.items())} "
         f"({time.perf_counter() - t0:.0f} s)")
 
     # The FM reads its own vocabulary and history length (it was trained before the replay).
-    xf = {k: build_examples(v, events, fm_vocab, fm.cfg.history_len, items) for k, v in splits.items()}
+    xf = {k: build_examples(v, events, fm_vocab, fm.cfg.history_len, items, fm.cfg.horizon_hours)
+          for k, v in splits.items()}
     fm_p = {k: sigmoid(infer(fm, fm, v, device=device)) for k, v in xf.items()}
     oracle = {k: infer(lambda b: ae.encode(fm.embed(b)), fm, v, device=device) for k, v in xf.items()}
     ae.to("cpu")
@@ -209,7 +209,11 @@ def evaluate(cfg, rows_by_point: dict[str, pd.DataFrame], main: str, test_from, 
         s = metrics.summary(y, p)
         by_point.append({"point": point, **s, "ne_vs_vm_pct": 100 * (s["ne"] - ne_vm) / ne_vm,
                          "transfer_ratio": metrics.transfer_ratio(ne_vm, s["ne"], ne_fm)})
+    test = splits["test"]
+    predictions = pd.DataFrame({"request_id": test["request_id"].to_numpy(), "item_id": test["item_id"].to_numpy(),
+                                "label": y, **{n: preds[n] for n in VARIANTS}})
     return {"rows": rows, "by_tier": by_tier, "by_point": by_point, "bootstrap": intervals["_meta"],
+            "predictions": predictions,
             "fm_beats_vm": intervals["_meta"]["reference_beats_baseline"],
             "window": {k: {"rows": len(v), "requests": int(v["request_id"].nunique()), "from": str(v["ts"].min()),
                            "to": str(v["ts"].max()), "ctr": float(v["label"].mean())} for k, v in splits.items()},
@@ -227,7 +231,7 @@ def fm_request_latency(fm, ae, x: dict[str, np.ndarray], request_ids: np.ndarray
     times = []
     with torch.inference_mode():
         for s, e in bounds:
-            b = {k: torch.as_tensor(v[s:e]) for k, v in x.items()}
+            _, b = next(batches(subset(x, np.arange(s, e)), e - s, torch.device("cpu")))
             t = time.perf_counter()
             ae.encode(fm.embed(b))
             times.append(1000 * (time.perf_counter() - t))

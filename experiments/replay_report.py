@@ -65,7 +65,17 @@ def markdown(r: dict) -> str:
                   f"[{lo:+.2f}%, {hi:+.2f}%]), so transfer ratios are shown." if better else
                   f"The FM does not beat the VM with an interval that excludes zero (NE {ne_fm:.4f} vs {ne_vm:.4f}, "
                   f"delta [{lo:+.2f}%, {hi:+.2f}%]): there is no gain to transfer, and no transfer ratio is shown."))
-    out += ["", verdict, "", "## Coverage by tier", "",
+    out += ["", verdict, "",
+            f"Windows: the FM (and the verifier) trained on the requests before {w['train_until']:%Y-%m-%d %H:%M}, the "
+            f"VM variants on the replay hours [{w['start']:%H:%M}, {w['test_from']:%H:%M}): the FM row above is not "
+            f"trained on the VM's window. The comparison on one window, the models' own time split before the "
+            f"replay, is under \"Initial models\" below."]
+    if r.get("bayes"):
+        from experiments.truth import to_markdown as bayes_markdown
+
+        out += ["", "### Against the Bayes NE (the simulated log's true click probabilities)", "",
+                bayes_markdown(r["bayes"])]
+    out += ["", "## Coverage by tier", "",
             f"Served candidates of [{w['measure_from']:%H:%M}, {w['end']:%H:%M}), setting {r['main']}: "
             + ", ".join(f"{t} {pct(main['coverage'].get(t, 0.0))}" for t in TIERS)
             + f" ({main['served']:,} candidates). By hour (![coverage over time](coverage_over_time.png)):", "",
@@ -114,10 +124,19 @@ def markdown(r: dict) -> str:
     q = main["miss_queue"].get("replay", {"pairs": 0, "consumed": 0})
     out += ["", f"Miss queue: {q['pairs']:,} misses recorded, {q['consumed']:,} taken in by a later cycle "
                 f"(queue_in per cycle: {', '.join(str(c['queue_in']) for c in main['cycles'])}).", "",
-            "## Initial models (their own time split, before the replay)", "",
-            "| model | NE | AUC | calibration |", "|---|---:|---:|---:|"]
-    for x in r["initial_models"]["rows"]:
-        out.append(f"| {x['model']} | {x['ne']:.4f} | {x['auc']:.4f} | {x['calibration']:.3f} |")
+            "## Initial models (FM and VMs on one window: their own time split, before the replay)", "",
+            "| model | NE [95% CI] | AUC [95% CI] | calibration | NE vs VM [95% CI] | transfer ratio [95% CI] |",
+            "|---|---:|---:|---:|---:|---:|"]
+    init = r["initial_models"]
+    for x in init["rows"]:
+        tr = "" if x["model"] in ("VM", "FM") else transfer_label(x["transfer_ratio"], x.get("transfer_ratio_ci"),
+                                                                  init.get("fm_beats_vm"))
+        out.append(f"| {x['model']} | {x['ne']:.4f} {ci(x['ne_ci'], '.4f')} | {x['auc']:.4f} {ci(x['auc_ci'], '.4f')} | "
+                   f"{x['calibration']:.3f} | {x['ne_vs_vm_pct']:+.2f}% {ci(x['ne_vs_vm_pct_ci'], '+.2f')} | {tr} |")
+    if init.get("bayes"):
+        from experiments.truth import to_markdown as bayes_markdown
+
+        out += ["", bayes_markdown(init["bayes"])]
     return "\n".join(out) + "\n"
 
 
@@ -209,10 +228,13 @@ def plots(r: dict, out: Path) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(8, 4))
     names = [x["model"] for x in v["rows"]]
-    ax.barh(names, [x["ne_vs_vm_pct"] for x in v["rows"]], color="#3182bd")
+    mid = [x["ne_vs_vm_pct"] for x in v["rows"]]
+    err = [[m - x["ne_vs_vm_pct_ci"][0] for m, x in zip(mid, v["rows"])],
+           [x["ne_vs_vm_pct_ci"][1] - m for m, x in zip(mid, v["rows"])]]
+    ax.barh(names, mid, xerr=err, capsize=4, color="#3182bd")  # 95% paired-bootstrap intervals
     ax.axvline(0, color="k", lw=1)
     ax.invert_yaxis()
-    ax.set_xlabel("NE vs VM (%), lower is better")
+    ax.set_xlabel("NE vs VM (%), lower is better; bars: 95% paired-bootstrap interval")
     ax.set_title(f"{r['source']}: VM variants on the test hours")
     save(fig, "variants.png")
     return paths

@@ -109,7 +109,10 @@ def table_path(tables_root: str | Path, spec: TableSpec) -> Path:
 def read_arrow(tables_root: str | Path, spec: TableSpec, version: int | None = None, columns=None, filter=None):
     """``spec``'s table (at ``version``, else the latest) as an Arrow table, read with delta-rs.
     ``columns`` and ``filter`` (a pyarrow.compute expression) are pushed down to the scan.
-    ``FileNotFoundError`` names the table when it does not exist yet."""
+    ``FileNotFoundError`` names the table when it does not exist yet. Every data page's CRC is
+    verified where the file carries one (Spark's Parquet writer always writes them): a flipped
+    byte inside a page fails the read instead of being served."""
+    import pyarrow.dataset as ds
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
@@ -118,4 +121,5 @@ def read_arrow(tables_root: str | Path, spec: TableSpec, version: int | None = N
         table = DeltaTable(str(path), version=version)
     except TableNotFoundError as e:
         raise FileNotFoundError(f"table {spec.name} does not exist at {path}") from e
-    return table.to_pyarrow_dataset().to_table(columns=columns, filter=filter)
+    checked = ds.ParquetFragmentScanOptions(page_checksum_verification=True)
+    return table.to_pyarrow_dataset().to_table(columns=columns, filter=filter, fragment_scan_options=checked)

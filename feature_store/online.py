@@ -5,8 +5,10 @@
 watches ``feature_versions`` (delta-rs, no JVM); when a new run is published it loads the new
 snapshot beside the old one and swaps one reference, so a request sees the old snapshot or the
 new one, never half of each. A version that fails to load leaves the old one serving and is
-reported in ``status()``. Tables missing at start-up give an empty snapshot (tier ``none``) and
-``ready = False`` until a publication loads.
+reported in ``status()``; at start-up (or whenever the newest fails) the newest publication that
+does load is served, and ``status()`` says which newer ones were skipped and why. Tables missing at
+start-up give an empty snapshot (tier ``none``, of the configured dimension) and ``ready = False``
+until a publication loads.
 
 Misses (candidates served without their exact embedding) go to a bounded buffer that a second
 thread appends to ``miss_queue``; a full buffer drops and counts, the request never waits.
@@ -40,17 +42,21 @@ class Published:
     versions: dict[str, int]
 
 
-def latest_publication(tables_root: str | Path) -> Published | None:
-    """The newest row of feature_versions, or None when nothing was published yet."""
+def publications(tables_root: str | Path) -> list[Published]:
+    """Every row of feature_versions, newest first; empty when nothing was published yet."""
     try:
         rows = read_arrow(tables_root, FEATURE_VERSIONS).to_pylist()
     except FileNotFoundError:
-        return None
-    if not rows:
-        return None
-    row = max(rows, key=lambda r: (r["interval_end"], r["published_at"]))
-    return Published(row["run_id"], row["interval_end"],
-                     {k: int(v) for k, v in row.items() if k.endswith("_version") and v is not None})
+        return []
+    rows.sort(key=lambda r: (r["interval_end"], r["published_at"]), reverse=True)
+    return [Published(r["run_id"], r["interval_end"],
+                      {k: int(v) for k, v in r.items() if k.endswith("_version") and v is not None}) for r in rows]
+
+
+def latest_publication(tables_root: str | Path) -> Published | None:
+    """The newest row of feature_versions, or None when nothing was published yet."""
+    found = publications(tables_root)
+    return found[0] if found else None
 
 
 class MissRecorder:
@@ -161,6 +167,8 @@ class OnlineStore(LookupStore):
         self.misses = MissRecorder(tables_root, miss_capacity, miss_flush_seconds) if record_misses else None
         self.reloads = self.reload_failures = 0
         self.last_error: str | None = None
+        self.newest_run_id: str | None = None  # the newest publication, served or not
+        self.skipped: dict[str, str] = {}  # newer publications that failed to load -> why
         self._stop = threading.Event()
         self._poller = threading.Thread(target=self._poll_loop, name="snapshot-poller", daemon=True)
 
@@ -187,25 +195,45 @@ class OnlineStore(LookupStore):
             self.misses.stop()
 
     def poll_once(self) -> bool:
-        """Load and swap in the newest publication if it is new; True when a new snapshot went live."""
+        """Load and swap in the newest loadable publication if it is newer than the one served;
+        True when a new snapshot went live. A publication that fails to load is skipped for the
+        next older one (a restarted replica serves the newest good snapshot, not nothing), and the
+        skip is reported in ``status()``."""
         try:
-            pub = latest_publication(self.tables_root)
-            current = self._state.published
-            if pub is None or (current is not None and pub.run_id == current.run_id
-                               and pub.versions == current.versions):
-                return False
-            snap = Snapshot.load(self.tables_root, pub.versions, self.dim, pub.run_id)
-        except Exception as e:  # a corrupt or unreadable version: keep serving the old one
-            self.reload_failures += 1
-            self.last_error = f"{type(e).__name__}: {e}"
-            log.error("snapshot reload failed, still serving %s: %s",
-                      self._state.published.run_id if self._state.published else "nothing", self.last_error)
+            pubs = publications(self.tables_root)
+        except Exception as e:  # feature_versions itself unreadable: keep serving what we have
+            self._failed(None, e)
             return False
-        self._state = _State(snap, pub)  # one reference swap: requests see old or new, never a mix
-        self.reloads += 1
-        self.last_error = None
-        log.info("serving snapshot %s (%s)", pub.run_id, snap.stats)
-        return True
+        current = self._state.published
+        if not pubs or (current is not None and pubs[0].run_id == current.run_id
+                        and pubs[0].versions == current.versions):
+            return False
+        self.newest_run_id = pubs[0].run_id
+        for pub in pubs:
+            if current is not None and (pub.interval_end, pub.run_id) <= (current.interval_end, current.run_id):
+                break  # what is served already is as new as anything left to try
+            if pub.run_id in self.skipped:
+                continue  # failed before; a publication's versions never change
+            try:
+                snap = Snapshot.load(self.tables_root, pub.versions, self.dim, pub.run_id)
+            except Exception as e:  # a corrupt or unreadable version: try the next older one
+                self._failed(pub.run_id, e)
+                continue
+            self._state = _State(snap, pub)  # one reference swap: requests see old or new, never a mix
+            self.reloads += 1
+            self.last_error = None if pub.run_id == self.newest_run_id else self.last_error
+            log.info("serving snapshot %s (%s)%s", pub.run_id, snap.stats,
+                     "" if pub.run_id == self.newest_run_id else f"; newer ones failed to load: {sorted(self.skipped)}")
+            return True
+        return False
+
+    def _failed(self, run_id: str | None, e: Exception) -> None:
+        self.reload_failures += 1
+        self.last_error = f"{type(e).__name__}: {e}"
+        if run_id is not None:
+            self.skipped[run_id] = self.last_error
+        log.error("snapshot %s failed to load, still serving %s: %s", run_id or "listing",
+                  self._state.published.run_id if self._state.published else "nothing", self.last_error)
 
     def _poll_loop(self) -> None:
         while not self._stop.wait(self.poll_seconds):
@@ -226,6 +254,9 @@ class OnlineStore(LookupStore):
         state = self._state
         pub = state.published
         return {"ready": pub is not None, "snapshot_run_id": pub.run_id if pub else None,
+                "newest_publication": self.newest_run_id,
+                "serving_older_publication": pub is not None and self.newest_run_id not in (None, pub.run_id),
+                "skipped_publications": dict(self.skipped),
                 "snapshot_versions": pub.versions if pub else None,
                 "snapshot_loaded_seconds_ago": round(time.time() - state.loaded_at, 3),
                 "snapshot_stats": state.snapshot.stats, "dim": state.snapshot.dim,

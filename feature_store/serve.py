@@ -36,6 +36,8 @@ from feature_store.ids import id_problem
 from feature_store.resolution import TIERS
 from feature_store.wire import BINARY_TYPE, encode_binary
 
+log = logging.getLogger("solaris.serve")
+
 LATENCY_BUCKETS_MS = (0.25, 0.5, 1, 2, 5, 10, 25, 50, 100, 250, 1000)
 
 
@@ -45,7 +47,9 @@ class BadRequest(Exception):
         self.status = status
 
 
-def parse_request(body: bytes, max_items: int) -> tuple[str, list[str], datetime | None]:
+def parse_request(body: bytes, max_items: int, allow_now: bool = False) -> tuple[str, list[str], datetime | None]:
+    """(user_id, item_ids, now) of a lookup body, or ``BadRequest`` with the reason. ``now`` (the time
+    to resolve at) is accepted only with ``allow_now``, the operator's ``[serve] allow_client_now``."""
     try:
         req = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -68,6 +72,9 @@ def parse_request(body: bytes, max_items: int) -> tuple[str, list[str], datetime
         if (problem := id_problem(item)) is not None:
             raise BadRequest(400, f"item_ids[{i}] {problem}")
     now = req.get("now")
+    if now is not None and not allow_now:
+        raise BadRequest(400, "now is accepted only where the operator allows it ([serve] allow_client_now, for "
+                              "replays); leave it out to resolve at the server's clock")
     if now is not None:
         try:
             from include.cli import parse_time
@@ -123,7 +130,7 @@ class Metrics:
         return "\n".join(lines) + "\n"
 
 
-def make_handler(store, metrics: Metrics, max_items: int, max_body_bytes: int):
+def make_handler(store, metrics: Metrics, max_items: int, max_body_bytes: int, allow_client_now: bool = False):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive: clients reuse one connection
         # Headers and body go out in separate writes; with Nagle on, the body waits for the
@@ -150,9 +157,13 @@ def make_handler(store, metrics: Metrics, max_items: int, max_body_bytes: int):
                 return self._json(200, {"ok": True})
             status = store.status()
             if self.path == "/readyz":
+                older = status.get("serving_older_publication")
                 return self._json(200 if status["ready"] else 503,
                                   {"ready": status["ready"], "snapshot": status["snapshot_run_id"],
-                                   "reason": None if status["ready"] else
+                                   "newest_publication": status.get("newest_publication"),
+                                   "reason": (f"serving an older snapshot: newer publications failed to load "
+                                              f"({', '.join(sorted(status.get('skipped_publications', {})))})")
+                                   if older else None if status["ready"] else
                                    (status["last_error"] or "no published snapshot yet")})
             if self.path == "/metrics":
                 return self._send(200, metrics.prometheus(status).encode(), "text/plain; version=0.0.4")
@@ -174,7 +185,7 @@ def make_handler(store, metrics: Metrics, max_items: int, max_body_bytes: int):
                 body = self.rfile.read(int(length))  # read before any other answer, so keep-alive stays in step
                 if self.path.split("?")[0] != "/v1/lookup":
                     raise BadRequest(404, f"no such path {self.path}")
-                user, items, now = parse_request(body, max_items)
+                user, items, now = parse_request(body, max_items, allow_client_now)
                 emb, tiers, run_id = store.lookup(user, items, now)
                 headers = [("X-Solaris-Snapshot", run_id or "")]
                 if BINARY_TYPE in (self.headers.get("Accept") or "") or self.path.endswith("format=binary"):
@@ -200,14 +211,28 @@ class LookupServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, store, host: str = "127.0.0.1", port: int = 8765, max_items: int = 1000,
-                 max_body_bytes: int = 1 << 20):
+                 max_body_bytes: int = 1 << 20, allow_client_now: bool = False):
         self.store, self.metrics = store, Metrics()
-        super().__init__((host, port), make_handler(store, self.metrics, max_items, max_body_bytes))
+        super().__init__((host, port), make_handler(store, self.metrics, max_items, max_body_bytes, allow_client_now))
 
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
         return f"http://{host}:{port}"
+
+
+def configured_dim(cfg) -> int | None:
+    """The embedding size to answer with: ``[serve] dim``, else the configured autoencoder's code
+    size, else None (the size the published tables hold)."""
+    if cfg.serve.dim:
+        return cfg.serve.dim
+    try:
+        from model.registry import code_dim
+
+        return code_dim(cfg)
+    except (FileNotFoundError, OSError, KeyError, ValueError):
+        log.warning("no [serve] dim and no autoencoder in the registry: the embedding size is the tables'")
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -240,9 +265,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from feature_store.online import OnlineStore
 
-        store = OnlineStore(cfg.lake.tables_path, poll_seconds=sc.poll_seconds, record_misses=sc.record_misses,
+        store = OnlineStore(cfg.lake.tables_path, dim=configured_dim(cfg), poll_seconds=sc.poll_seconds,
+                            record_misses=sc.record_misses,
                             miss_flush_seconds=sc.miss_flush_seconds).start()
-    server = LookupServer(store, sc.host, sc.port, sc.max_items, sc.max_body_bytes)
+    server = LookupServer(store, sc.host, sc.port, sc.max_items, sc.max_body_bytes, sc.allow_client_now)
     print(f"SOLARIS lookup on {server.url} ({sc.backend}; snapshot {store.status()['snapshot_run_id'] or 'none yet'})",
           flush=True)
     # SIGTERM (docker stop, systemd, Kubernetes) ends the server like Ctrl-C: the miss buffer is flushed.

@@ -54,6 +54,7 @@ REQUEST_LOG = TableSpec(
         ("date", "DATE", "partition: UTC date of ts"),
         ("hour", "INT", "partition: UTC hour of ts"),
         ("input_path", "STRING", "the file or folder the row was ingested from; an ingest rewrites only its own input's rows"),
+        ("conversion", "INT", "second label: 1 converted after the click, 0 not, NULL unknown (logs without it)"),
     ),
     primary_key=("request_id", "item_id"),
     partition_by=("date", "hour"),
@@ -86,6 +87,21 @@ ITEMS = TableSpec(
         ("source", "STRING", "which ingested log the row came from"),
     ),
     primary_key=("item_id",),
+)
+
+TRUTH = TableSpec(
+    name="truth",
+    description="Known click and conversion probabilities of a simulated log's impressions. Only the evaluation reads "
+                "it (the Bayes NE: the NE of predicting the truth); no training or serving code does.",
+    columns=(
+        ("request_id", "STRING", "request, as in request_log"),
+        ("item_id", "STRING", "candidate"),
+        ("p_click", "DOUBLE", "the probability the click label was drawn with"),
+        ("p_conversion", "DOUBLE", "the probability of a click followed by a conversion"),
+        ("source", "STRING", "which ingested log"),
+        ("input_path", "STRING", "the impression file it belongs to"),
+    ),
+    primary_key=("request_id", "item_id"),
 )
 
 REQUEST_LOG_QUARANTINE = TableSpec(
@@ -314,7 +330,7 @@ COVERAGE_SWEEP = TableSpec(
     primary_key=("point", "replay_start", "interval_start", "interval_end", "tier"),
 )
 
-ALL_TABLES: tuple[TableSpec, ...] = (REQUEST_LOG, USER_EVENTS, ITEMS, REQUEST_LOG_QUARANTINE, INGEST_RUNS,
+ALL_TABLES: tuple[TableSpec, ...] = (REQUEST_LOG, USER_EVENTS, ITEMS, TRUTH, REQUEST_LOG_QUARANTINE, INGEST_RUNS,
                                      PAIR_EMBEDDINGS, VERIFIER_SCORES, MISS_QUEUE, PRECOMPUTE_RUNS,
                                      USER_EMBEDDING_SUMS, USER_MEAN_EMBEDDINGS, USER_NEIGHBORS, FEATURE_VERSIONS,
                                      REQUEST_FEATURES, COVERAGE_REPORT, COVERAGE_SWEEP)

@@ -115,8 +115,14 @@ class PrecomputeConfig:
     fresh_margin_minutes: int = 60  # a stored embedding fresh past t + margin is not recomputed
     vacuum_retention_hours: int = 168  # Delta VACUUM keeps files this long: as-of resolution time-travels
     vacuum_every_hours: int = 24  # VACUUM at interval ends that are a multiple of this many UTC hours; 0 never
+    # Queued misses are taken beside the budget, but bounded: a run takes at most this many of one
+    # user (the most recently requested) and this many in all; the rest wait for later runs.
+    queue_per_user: int = 50
+    queue_max_pairs: int = 20_000
 
     def __post_init__(self):
+        if self.queue_per_user < 0 or self.queue_max_pairs < 0:
+            raise ConfigError("[precompute] queue_per_user and queue_max_pairs must be >= 0")
         if not 0 < self.budget <= 1:
             raise ConfigError(f"[precompute] budget must be in (0, 1], got {self.budget}")
         if self.selection not in ("global", "per_user"):
@@ -158,8 +164,15 @@ class ServeConfig:
     max_body_bytes: int = 1 << 20
     record_misses: bool = True  # append misses to miss_queue, for the next precompute run
     miss_flush_seconds: float = 2.0  # how often buffered misses are appended (and at shutdown)
+    # embedding size answered before any snapshot loads; 0: the registry's autoencoder code size
+    dim: int = 0
+    # A request may say which time to resolve at (``now``) only where the operator allows it, for
+    # replays: otherwise a client could back-date requests to make expired or future rows count.
+    allow_client_now: bool = False
 
     def __post_init__(self):
+        if self.dim < 0:
+            raise ConfigError(f"[serve] dim must be >= 0, got {self.dim}")
         if self.backend not in ("embedded", "redis"):
             raise ConfigError(f"[serve] backend must be 'embedded' or 'redis', got {self.backend!r}")
 

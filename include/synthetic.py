@@ -1,7 +1,7 @@
-"""Synthetic click logs in the generic click-log format, for the demo and the tests.
+"""Synthetic logs: the impression world (include/synthetic_world.py, the demo's default) and a
+click-only log in the generic click-log format, for the click-log adapter and its tests.
 
-The world it simulates has the structure SOLARIS exploits, so a sequence-aware FM can beat an
-id-based VM on it:
+The click log's world:
 
 - users and items have latent taste vectors; a click is drawn from a softmax over the items
   alive at that hour of ``taste . item + log(popularity)``;
@@ -10,9 +10,10 @@ id-based VM on it:
 - traffic follows a daily cycle, users visit repeatedly with skewed activity, and each item's
   popularity rises after its birth and decays with its own half-life.
 
-    python -m include.synthetic --out data/synthetic/clicks.csv [--users 2000 --items 400 --hours 48]
+    python -m include.synthetic --out data/synthetic [--users 2000 --items 600 --hours 48]   # impressions
+    python -m include.synthetic --mode clicks --out data/synthetic/clicks.csv [--users ...]
 
-Output columns: user_id, item_id, ts (epoch ms, UTC), surface, device, region, referrer.
+Click-log columns: user_id, item_id, ts (epoch ms, UTC), surface, device, region, referrer.
 Deterministic for a given seed.
 """
 
@@ -118,17 +119,31 @@ def write_csv(columns: dict[str, np.ndarray], path: str | Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m include.synthetic", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True, help="CSV file to write")
-    defaults = SyntheticConfig()
-    for name in ("users", "items", "hours", "seed"):
-        p.add_argument(f"--{name}", type=int, default=getattr(defaults, name))
-    p.add_argument("--start", default=defaults.start, help="UTC start, ISO format")
-    p.add_argument("--visits-per-hour", type=float, default=defaults.visits_per_hour)
+    p.add_argument("--out", required=True, help="impressions: the folder to write; clicks: the CSV file")
+    p.add_argument("--mode", choices=["impressions", "clicks"], default="impressions",
+                   help="impressions (default): the world with a known click probability "
+                        "(include/synthetic_world.py); clicks: a click-only log in the generic click-log format")
+    p.add_argument("--users", type=int)
+    p.add_argument("--items", type=int)
+    p.add_argument("--hours", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--start", help="UTC start, ISO format")
+    p.add_argument("--visits-per-hour", type=float)
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
-    cfg = SyntheticConfig(users=a.users, items=a.items, hours=a.hours, seed=a.seed, start=a.start,
-                          visits_per_hour=a.visits_per_hour)
-    n = write_csv(generate(cfg), a.out)
-    print(f"wrote {n:,} clicks ({cfg.users} users, {cfg.items} items, {cfg.hours} h from {cfg.start} UTC) to {a.out}")
+    given = {k: v for k, v in vars(a).items() if k not in ("out", "mode") and v is not None}
+    if a.mode == "clicks":
+        cfg = SyntheticConfig(**given)
+        n = write_csv(generate(cfg), a.out)
+        print(f"wrote {n:,} clicks ({cfg.users} users, {cfg.items} items, {cfg.hours} h from {cfg.start} UTC) to {a.out}")
+        return 0
+    from include import synthetic_world
+
+    wcfg = synthetic_world.WorldConfig(**given)
+    world = synthetic_world.generate(wcfg)
+    paths = synthetic_world.write(world, a.out)
+    imp = world["impressions"]
+    print(f"wrote {len(imp['ts']):,} impressions ({int(imp['label'].sum()):,} clicks; {wcfg.users} users, {wcfg.items} "
+          f"items, {wcfg.hours} h from {wcfg.start} UTC) to {', '.join(str(x) for x in paths.values())}")
     return 0
 
 

@@ -16,14 +16,14 @@ import pandas as pd
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-REQUEST_COLUMNS = ["request_id", "user_id", "item_id", "ts", "label", "device", "surface"]
+REQUEST_COLUMNS = ["request_id", "user_id", "item_id", "ts", "position", "label", "device", "surface"]
 
 
 @dataclass(frozen=True)
 class SplitConfig:
     train: float = 0.70
     val: float = 0.15  # test is the rest
-    max_train_requests: int = 20_000  # sampled (seeded) when the window holds more: a CPU-minutes budget
+    max_train_requests: int = 50_000  # sampled (seeded) when the window holds more: a CPU-minutes budget
     max_eval_requests: int = 5_000
     seed: int = 7
 
@@ -49,9 +49,10 @@ def load(cfg, source: str | None = None, until=None) -> tuple[pd.DataFrame, pd.D
     ``until``: only requests before this time (a training period that ends where a replay starts);
     events stay whole, since every example reads only the events strictly before its request."""
     requests = read_table(cfg, "request_log", REQUEST_COLUMNS, source)
+    requests["ts"] = utc_naive(requests["ts"])
     keep = requests["label"].notna()
     if until is not None:
-        keep &= utc_naive(requests["ts"]) < pd.Timestamp(until)
+        keep &= requests["ts"] < pd.Timestamp(until)
     requests = requests[keep].reset_index(drop=True)
     events, items = events_and_items(cfg, source)
     if requests.empty:
@@ -62,8 +63,9 @@ def load(cfg, source: str | None = None, until=None) -> tuple[pd.DataFrame, pd.D
 
 def events_and_items(cfg, source: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(user events, items) of one source (all sources when None): the histories every model reads."""
-    return read_table(cfg, "user_events", ["user_id", "item_id", "ts"], source), \
-        read_table(cfg, "items", ["item_id", "category"], source)
+    events = read_table(cfg, "user_events", ["user_id", "item_id", "ts", "event_type"], source)
+    items = read_table(cfg, "items", ["item_id", "category", "subcategory"], source)
+    return events.assign(ts=utc_naive(events["ts"])), items
 
 
 def utc_naive(ts: pd.Series) -> pd.Series:

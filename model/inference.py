@@ -1,8 +1,10 @@
 """Batch inference on pandas frames, as the Spark jobs call it inside ``mapInPandas``.
 
 A model is loaded once per Python worker (``load_vm`` / ``load_fm_encoder`` are cached per path),
-not once per row or batch. Inputs are raw ids; the vocabulary saved beside each model maps them,
-with unseen ids going to the out-of-vocabulary bucket.
+not once per row or batch. Inputs are raw ids and the raw counts the Spark jobs attach
+(``spark_jobs/embed_pairs.py``); the vocabulary saved beside each model maps the ids, with unseen
+ids going to the out-of-vocabulary bucket, and ``model.features`` turns counts into the same
+inputs that training built. Rows of one user share a history: it is encoded once per user.
 """
 
 from __future__ import annotations
@@ -12,12 +14,17 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
 from model import registry
 from model.autoencoder import AEConfig, EmbeddingAutoencoder
-from model.features import PAD, Vocab
+from model.features import PAD, Vocab, counter_features, group_rows, micros, recency_code
 from model.fm import FMConfig, FoundationModel
 from model.train import infer, sigmoid
 from model.vm import VerticalModel, VMConfig
+
+# What the Spark jobs attach to each pair for the FM (besides user_id, item_id, ts, device, surface).
+PAIR_COLUMNS = ("category", "subcategory", "clicks_1h", "clicks_24h", "age_hours", "user_category", "user_total",
+                "history", "history_category", "history_ts")
 
 
 @functools.lru_cache(maxsize=4)
@@ -43,22 +50,50 @@ def _context(pdf: pd.DataFrame, vocab: Vocab) -> dict[str, np.ndarray]:
             "label": np.zeros(len(pdf), dtype=np.float32)}
 
 
-def _history(histories, vocab: Vocab, length: int) -> np.ndarray:
-    """(N, L) item codes, oldest first, left-padded; the last ``length`` of each history.
-    All histories are encoded in one vocabulary lookup, not one per row."""
-    tails = [list(h)[-length:] if h is not None and len(h) else [] for h in histories]
-    sizes = np.fromiter((len(t) for t in tails), np.int64, len(tails))
-    hist = np.full((len(tails), length), PAD, dtype=np.int64)
-    if sizes.sum():
-        codes = vocab.encode("item", [x for t in tails for x in t])
-        rows = np.repeat(np.arange(len(tails)), sizes)
-        cols = length - np.repeat(sizes, sizes) + (np.arange(sizes.sum()) - np.repeat(np.cumsum(sizes) - sizes, sizes))
-        hist[rows, cols] = codes
-    return hist
+def _tails(lists, length: int, fill) -> np.ndarray:
+    """(N, L) object array: the last ``length`` entries of each list, right-aligned, ``fill`` before."""
+    out = np.full((len(lists), length), fill, dtype=object)
+    for i, values in enumerate(lists):
+        if values is not None and len(values):
+            tail = list(values)[-length:]
+            out[i, length - len(tail):] = tail
+    return out
+
+
+def history_inputs(heads: pd.DataFrame, vocab: Vocab, length: int) -> dict[str, np.ndarray]:
+    """(R, L) history codes of rows with ``history``, ``history_category`` and ``history_ts``
+    (the user's events in the look-back before ``ts``, oldest first), as training builds them."""
+    items = _tails(heads["history"], length, None)
+    cats = _tails(heads["history_category"], length, None)
+    times = _tails(heads["history_ts"], length, None)
+    present = pd.notna(items)
+    hist = np.where(present, vocab.encode("item", items.ravel()).reshape(items.shape), PAD)
+    hist_cat = np.where(present, vocab.encode("category", cats.ravel()).reshape(cats.shape), PAD)
+    t = micros(heads["ts"])
+    ev_t = np.zeros(items.shape, np.int64)
+    if present.any():
+        ev_t[present] = micros(pd.Series(times[present]))
+    hist_age = np.where(present, recency_code(t[:, None] - ev_t), PAD)
+    return {"hist": hist.astype(np.int64), "hist_cat": hist_cat.astype(np.int64), "hist_age": hist_age.astype(np.int64)}
+
+
+def pair_inputs(pdf: pd.DataFrame, vocab: Vocab, history_len: int) -> dict[str, np.ndarray]:
+    """FM inputs of pairs at one time per user (``PAIR_COLUMNS`` attached), grouped by user."""
+    x = _context(pdf, vocab)
+    req, first = group_rows(pdf["user_id"])
+    x.update(req=req, **history_inputs(pdf.iloc[first], vocab, history_len))
+    x["category"] = vocab.encode("category", pdf["category"])
+    x["subcategory"] = vocab.encode("subcategory", pdf["subcategory"])
+    x["counters"] = counter_features(pdf["clicks_1h"].fillna(0), pdf["clicks_24h"].fillna(0),
+                                     pd.to_numeric(pdf["age_hours"], errors="coerce").to_numpy(np.float64),
+                                     pdf["user_category"].fillna(0), pdf["user_total"].fillna(0))
+    x["position"] = np.zeros(len(pdf), np.int64)  # a precomputed pair has no slot yet
+    return x
 
 
 def vm_scores(pdf: pd.DataFrame, vm_path: str, batch_size: int = 4096) -> np.ndarray:
-    """Click probability of each row (user_id, item_id, ts, device, surface) by the verifier VM."""
+    """Click probability of each row (user_id, item_id, ts, device, surface) by the verifier VM
+    (slot unknown: no position bias)."""
     vm, vocab = load_vm(vm_path)
     if vm.cfg.use_fm_embedding:
         raise ValueError(f"{vm_path} is a VM that reads FM embeddings; the verifier must not depend on them")
@@ -67,13 +102,10 @@ def vm_scores(pdf: pd.DataFrame, vm_path: str, batch_size: int = 4096) -> np.nda
 
 def fm_codes(pdf: pd.DataFrame, fm_path: str, ae_path: str, batch_size: int = 2048,
              device: str = "cpu") -> np.ndarray:
-    """(N, C) float32 compressed interaction embeddings of rows with user_id, item_id, ts, device,
-    surface and ``history`` (the user's item ids strictly before ts, oldest first)."""
+    """(N, C) float32 compressed interaction embeddings of pairs with user_id, item_id, ts, device,
+    surface and ``PAIR_COLUMNS``."""
     fm, ae, vocab = load_fm_encoder(fm_path, ae_path)
-    x = _context(pdf, vocab)
-    x["hist"] = _history(pdf["history"], vocab, fm.cfg.history_len)
-    has_category = "category" in pdf and vocab.values["category"]
-    x["category"] = vocab.encode("category", pdf["category"]) if has_category else np.zeros(len(pdf), dtype=np.int64)
+    x = pair_inputs(pdf, vocab, fm.cfg.history_len)
 
     def encode(b):
         return ae.encode(fm.embed(b))
@@ -84,7 +116,10 @@ def fm_codes(pdf: pd.DataFrame, fm_path: str, ae_path: str, batch_size: int = 20
 
 def fm_user_vectors(pdf: pd.DataFrame, fm_path: str, ae_path: str, batch_size: int = 4096,
                     device: str = "cpu") -> np.ndarray:
-    """(N, 2D) float32 FM user-only vectors of rows with user_id and ``history`` (see FoundationModel.user_vector)."""
+    """(N, 2D) float32 FM user-only vectors of rows with user_id, ts and the history columns
+    (see FoundationModel.user_vector)."""
     fm, _, vocab = load_fm_encoder(fm_path, ae_path)
-    x = {"user": vocab.encode("user", pdf["user_id"]), "hist": _history(pdf["history"], vocab, fm.cfg.history_len)}
+    x = {"user": vocab.encode("user", pdf["user_id"]), **history_inputs(pdf, vocab, fm.cfg.history_len),
+         "label": np.zeros(len(pdf), np.float32)}
     return infer(fm.user_vector, fm, x, batch_size, device).astype(np.float32)
+

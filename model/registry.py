@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import pickle
 import re
 import shutil
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch is imported where weights are read or written: the lookup service resolves
+    from torch import nn  # model versions and sizes without paying for it
 
 
 class CheckpointMismatch(RuntimeError):
@@ -37,6 +38,8 @@ def save(root: Path, name: str, model: nn.Module, metrics: dict[str, Any], windo
          extras: dict[str, str] | None = None) -> Path:
     """Write a new version of ``name``; returns its folder. Written to a temp folder and renamed,
     so a crash never leaves a half-written version that loaders would pick up."""
+    import torch
+
     folder = Path(root) / name
     folder.mkdir(parents=True, exist_ok=True)
     existing = _versions(folder)
@@ -76,27 +79,52 @@ def resolve(root: Path, name: str, version: str = "latest") -> Path:
 
 
 def load(path: Path, module_cls: type[nn.Module], config_cls: type, map_location: str = "cpu") -> nn.Module:
-    """Rebuild and load a module; raise ``CheckpointMismatch`` if the stored config or weights do not fit."""
+    """Rebuild and load a module; raise ``CheckpointMismatch`` if the stored config or weights do not
+    fit, whatever is wrong with them. The module is first built on torch's ``meta`` device (shapes
+    without memory) and its shapes compared with the stored weights', so a stored config that asks
+    for a huge model fails before anything is allocated."""
+    import torch
+
     path = Path(path)
     try:
         meta = json.loads((path / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointMismatch(f"{path}: unreadable config.json ({e})") from e
     expected = f"{module_cls.__module__}.{module_cls.__name__}"
-    if meta.get("class") != expected:
-        raise CheckpointMismatch(f"{path} holds a {meta.get('class')}, not a {expected}")
+    held = meta.get("class") if isinstance(meta, dict) else f"config of type {type(meta).__name__}"
+    if held != expected:
+        raise CheckpointMismatch(f"{path} holds a {held}, not a {expected}")
+    stored_cfg = meta.get("config")
+    if not isinstance(stored_cfg, dict):
+        raise CheckpointMismatch(f"{path}: config.json has no config object")
     fields = {f.name for f in dataclasses.fields(config_cls)}
-    stored = set(meta["config"])
+    stored = set(stored_cfg)
     if stored != fields:
         raise CheckpointMismatch(
             f"{path}: config fields differ from {config_cls.__name__} in this code: "
             f"only in checkpoint {sorted(stored - fields)}, only in code {sorted(fields - stored)}")
-    model = module_cls(config_cls(**meta["config"]))
     try:
-        state = torch.load(path / "weights.pt", map_location=map_location, weights_only=True)
-        model.load_state_dict(state, strict=True)
-    except (RuntimeError, OSError, EOFError, KeyError, pickle.UnpicklingError) as e:
-        raise CheckpointMismatch(f"{path}: weights do not fit {module_cls.__name__}: {str(e).splitlines()[0]}") from e
+        cfg = config_cls(**stored_cfg)
+        with torch.device("meta"):
+            skeleton = module_cls(cfg)
+    except Exception as e:  # a value the module cannot be built from (a negative size, a string, ...)
+        raise CheckpointMismatch(f"{path}: stored config does not build a {module_cls.__name__}: "
+                                 f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+    try:
+        state = torch.load(path / "weights.pt", map_location=map_location, weights_only=True, mmap=True)
+    except Exception as e:  # missing, truncated, not a checkpoint, or objects a safe load refuses
+        raise CheckpointMismatch(f"{path}: weights do not fit {module_cls.__name__}: unreadable weights.pt "
+                                 f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from e
+    want = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in state.items()} if isinstance(state, dict) and all(
+        isinstance(v, torch.Tensor) for v in state.values()) else None
+    if got != want:
+        diff = ("not a state dict" if got is None else
+                "; ".join(f"{k}: stored {got.get(k)}, config gives {want.get(k)}"
+                          for k in sorted(set(got) | set(want)) if got.get(k) != want.get(k))[:500])
+        raise CheckpointMismatch(f"{path}: weights do not fit {module_cls.__name__}: {diff}")
+    model = module_cls(cfg)
+    model.load_state_dict(state, strict=True)
     return model.eval()
 
 

@@ -16,11 +16,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
+import torch
 
 from model import data as mdata
 from model import metrics, registry
 from model.autoencoder import AEConfig, EmbeddingAutoencoder
-from model.features import Vocab, build_examples
+from model.features import Vocab, build_examples, row_inputs, subset
 from model.fm import FMConfig, FoundationModel
 from model.train import (TrainConfig, ae_loss, bce_loss, fit, flops_per_example, infer, kd_loss, n_params,
                          pick_device, sigmoid)
@@ -34,21 +36,24 @@ class ModelSetConfig:
     """Sizes and training settings of every model ``train_all`` trains."""
 
     history_len: int = 50
+    horizon_hours: float = 720.0  # look-back of the FM's history and counters
     fm_dim: int = 64
     fm_layers: int = 2
     fm_trunk: int = 512
     fm_embedding: int = 256
     code_dim: int = 32
     kd_alpha: float = 1.0
-    fm_train: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=4, lr=1e-3))
-    vm_train: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=6, lr=3e-3))
-    ae_train: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=20, lr=2e-3, patience=2))
+    # epochs are upper bounds: each model trains until its validation NE stops improving
+    fm_train: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=20, lr=1e-3))
+    vm_train: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=20, lr=3e-3))
+    ae_train: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=30, lr=2e-3))
     split: mdata.SplitConfig = field(default_factory=mdata.SplitConfig)
     bootstrap_resamples: int = 1000  # paired bootstrap over test requests for every interval reported
 
 
-QUICK = ModelSetConfig(history_len=10, fm_dim=16, fm_layers=1, fm_trunk=64, fm_embedding=32, code_dim=8,
-                   fm_train=TrainConfig(epochs=2), vm_train=TrainConfig(epochs=2), ae_train=TrainConfig(epochs=3))
+QUICK = ModelSetConfig(history_len=20, fm_dim=32, fm_layers=1, fm_trunk=128, fm_embedding=64, code_dim=16,
+                       fm_train=TrainConfig(epochs=20, lr=2e-3), vm_train=TrainConfig(epochs=20, lr=3e-3),
+                       ae_train=TrainConfig(epochs=20))
 
 
 def model_set(sizes: str) -> ModelSetConfig:
@@ -60,7 +65,7 @@ def model_set(sizes: str) -> ModelSetConfig:
 
 
 def _with_codes(x: dict[str, np.ndarray], codes: np.ndarray | None, teacher: np.ndarray | None = None):
-    out = dict(x)
+    out = row_inputs(x)
     if codes is not None:
         out["fm"] = codes.astype(np.float32)
         out["tier"] = np.full(len(codes), TIERS.index("exact"), dtype=np.int64)
@@ -70,16 +75,34 @@ def _with_codes(x: dict[str, np.ndarray], codes: np.ndarray | None, teacher: np.
 
 
 def train_all(cfg, source: str | None, ec: ModelSetConfig = ModelSetConfig(), log=print, until=None) -> dict:
-    """Everything after ingestion; returns the result table and where things were written.
-    ``until``: train, validate and test on the requests before this time only."""
-    device = pick_device(cfg.models.device)  # the [models] device: auto, cpu or cuda
-    fm_train, vm_train, ae_train = (replace(t, device=str(device)) for t in (ec.fm_train, ec.vm_train, ec.ae_train))
+    """Everything after ingestion: train on what the lake holds, save every model in the registry;
+    returns the result table and where things were written. ``until``: train, validate and test on
+    the requests before this time only."""
     t0 = time.perf_counter()
     requests, events, items = mdata.load(cfg, source, until)
+    result, models, extras = train_frames(requests, events, items, ec, cfg.models.device, log)
+    window, rows, root = result["window"] | {"source": source}, result["rows"], cfg.models_root
+    saved = {"fm": registry.save(root, "fm", models["FM"], rows[-1], window, extras),
+             "autoencoder": registry.save(root, "autoencoder", models["autoencoder"], result["autoencoder"], window),
+             "vm": registry.save(root, "vm", models["VM"], rows[0], window, extras),
+             "vm_kd": registry.save(root, "vm_kd", models["VM + KD (soft labels)"], rows[1], window, extras),
+             "vm_solaris": registry.save(root, "vm_solaris", models["VM + FM embedding (oracle coverage)"],
+                                         rows[2], window, extras)}
+    return result | {"source": source, "window": window, "models": {k: str(v) for k, v in saved.items()},
+                     "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def train_frames(requests: pd.DataFrame, events: pd.DataFrame, items: pd.DataFrame, ec: ModelSetConfig,
+                 device_name: str = "auto", log=print) -> tuple[dict, dict, dict[str, str]]:
+    """Split ``requests`` by time, train the FM, the autoencoder and the VM variants, and compare
+    them on the test split: (result, models by name, registry extras such as the vocabulary)."""
+    device = pick_device(device_name)  # the [models] device: auto, cpu or cuda
+    fm_train, vm_train, ae_train = (replace(t, device=str(device)) for t in (ec.fm_train, ec.vm_train, ec.ae_train))
+    t0 = time.perf_counter()
     splits = mdata.split_by_time(requests, ec.split)
     train_end = splits["train"]["ts"].max()
     vocab = Vocab.fit(splits["train"], events[events["ts"] <= train_end], items)
-    x = {k: build_examples(v, events, vocab, ec.history_len, items) for k, v in splits.items()}
+    x = {k: build_examples(v, events, vocab, ec.history_len, items, ec.horizon_hours) for k, v in splits.items()}
     log(f"  data: {', '.join(f'{k} {len(v):,} rows' for k, v in splits.items())}; "
         f"{len(vocab.values['user']):,} users, {len(vocab.values['item']):,} items in the training vocabulary "
         f"({time.perf_counter() - t0:.0f} s)")
@@ -88,17 +111,20 @@ def train_all(cfg, source: str | None, ec: ModelSetConfig = ModelSetConfig(), lo
     y = x["test"]["label"]
 
     log("  training the FM")
-    fm = FoundationModel(FMConfig(**sizes, n_categories=vocab.size("category"), history_len=ec.history_len,
-                                  dim=ec.fm_dim, layers=ec.fm_layers, trunk=ec.fm_trunk,
-                                  embedding_dim=ec.fm_embedding))
+    torch.manual_seed(fm_train.seed)  # initial weights too: the same data gives the same models, whatever ran before
+    fm = FoundationModel(FMConfig(**sizes, n_categories=vocab.size("category"),
+                                  n_subcategories=vocab.size("subcategory"), history_len=ec.history_len,
+                                  horizon_hours=ec.horizon_hours, dim=ec.fm_dim, layers=ec.fm_layers,
+                                  trunk=ec.fm_trunk, embedding_dim=ec.fm_embedding))
     fit(fm, bce_loss, x["train"], x["val"], fm_train, log)
     fm_p = {k: sigmoid(infer(fm, fm, v, device=device)) for k, v in x.items()}
     emb = {k: infer(fm.embed, fm, v, device=device) for k, v in x.items()}
 
     log("  training the autoencoder")
+    torch.manual_seed(ae_train.seed)
     ae = EmbeddingAutoencoder(AEConfig(input_dim=ec.fm_embedding, code_dim=ec.code_dim))
     ae_data = {k: {"emb": v, "label": np.zeros(len(v), dtype=np.float32)} for k, v in emb.items()}
-    fit(ae, ae_loss, ae_data["train"], ae_data["val"], ae_train, log)
+    fit(ae, ae_loss, ae_data["train"], ae_data["val"], ae_train, log, select="loss")
     codes = {k: infer(lambda b: ae.encode(b["emb"]), ae, v, device=device) for k, v in ae_data.items()}
     recon = infer(lambda b: ae(b["emb"]), ae, ae_data["test"], device=device)
     head_on_recon = sigmoid(infer(lambda b: fm.head(b["emb"]).squeeze(-1), fm,
@@ -114,6 +140,7 @@ def train_all(cfg, source: str | None, ec: ModelSetConfig = ModelSetConfig(), lo
             ("VM + KD (soft labels)", False, kd_loss(ec.kd_alpha), lambda k: _with_codes(x[k], None, fm_p[k])),
             ("VM + FM embedding (oracle coverage)", True, bce_loss, lambda k: _with_codes(x[k], codes[k]))):
         log(f"  training {name}")
+        torch.manual_seed(vm_train.seed)
         vm = VerticalModel(VMConfig(**sizes, use_fm_embedding=use_fm, fm_dim=ec.code_dim))
         fit(vm, loss, extra("train"), extra("val"), vm_train, log)
         variants[name] = (vm, sigmoid(infer(vm, vm, extra("test"), device=device)), extra("test"))
@@ -121,7 +148,7 @@ def train_all(cfg, source: str | None, ec: ModelSetConfig = ModelSetConfig(), lo
     rows = []
     ne_fm = metrics.normalized_entropy(y, fm_p["test"])
     ne_vm = metrics.normalized_entropy(y, variants["VM"][1])
-    sample = {k: v[:256] for k, v in x["test"].items()}
+    sample = subset(x["test"], np.arange(min(256, len(y))))
     for name, (vm, p, xt) in variants.items():
         s = metrics.summary(y, p)
         rows.append({"model": name, "params": n_params(vm),
@@ -140,21 +167,16 @@ def train_all(cfg, source: str | None, ec: ModelSetConfig = ModelSetConfig(), lo
         r.update(ne_ci=ci["ne"], auc_ci=ci["auc"], ne_vs_vm_pct_ci=ci["ne_delta_pct_ci"], auc_vs_vm=ci["auc_delta"],
                  auc_vs_vm_ci=ci["auc_delta_ci"], transfer_ratio_ci=ci["transfer_ratio_ci"])
 
-    window = mdata.window(splits, source)
-    root = cfg.models_root
-    extras = {"vocab.json": json.dumps(vocab.values)}
-    saved = {"fm": registry.save(root, "fm", fm, rows[-1], window, extras),
-             "autoencoder": registry.save(root, "autoencoder", ae, ae_report, window),
-             "vm": registry.save(root, "vm", variants["VM"][0], rows[0], window, extras),
-             "vm_kd": registry.save(root, "vm_kd", variants["VM + KD (soft labels)"][0], rows[1], window, extras),
-             "vm_solaris": registry.save(root, "vm_solaris", variants["VM + FM embedding (oracle coverage)"][0],
-                                         rows[2], window, extras)}
-    return {"source": source, "rows": rows, "autoencoder": ae_report, "bootstrap": intervals["_meta"],
-            "fm_beats_vm": intervals["_meta"]["reference_beats_baseline"], "window": window, "device": str(device),
-            "fm_vm_flops_ratio": rows[-1]["flops_per_pair"] / rows[0]["flops_per_pair"],
-            "embedding_dims": [ec.fm_embedding, ec.code_dim],
-            "seconds": round(time.perf_counter() - t0, 1), "models": {k: str(v) for k, v in saved.items()},
-            "reference": REFERENCE}
+    test = splits["test"]
+    predictions = pd.DataFrame({"request_id": test["request_id"].to_numpy(), "item_id": test["item_id"].to_numpy(),
+                                "label": y, **{name: p for name, (_, p, _) in variants.items()}, "FM": fm_p["test"]})
+    result = {"rows": rows, "predictions": predictions, "autoencoder": ae_report, "bootstrap": intervals["_meta"],
+              "fm_beats_vm": intervals["_meta"]["reference_beats_baseline"], "window": mdata.window(splits, None),
+              "device": str(device), "fm_vm_flops_ratio": rows[-1]["flops_per_pair"] / rows[0]["flops_per_pair"],
+              "embedding_dims": [ec.fm_embedding, ec.code_dim], "seconds": round(time.perf_counter() - t0, 1),
+              "reference": REFERENCE}
+    models = {"FM": fm, "autoencoder": ae, **{name: m for name, (m, _, _) in variants.items()}}
+    return result, models, {"vocab.json": json.dumps(vocab.values)}
 
 
 def to_markdown(result: dict) -> str:
@@ -184,10 +206,12 @@ def to_markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def write_report(result: dict, out: Path) -> tuple[Path, Path]:
+def write_report(result: dict, out: Path, markdown: str | None = None) -> tuple[Path, Path]:
+    """The result as JSON (without the per-row predictions) and Markdown (``markdown``, else
+    ``to_markdown(result)``) under ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"model_eval_{result['source'] or 'all'}"
     js, md = stem.with_suffix(".json"), stem.with_suffix(".md")
-    js.write_text(json.dumps(result, indent=1, default=float))
-    md.write_text(to_markdown(result) + "\n")
+    js.write_text(json.dumps({k: v for k, v in result.items() if k != "predictions"}, indent=1, default=float))
+    md.write_text((markdown or to_markdown(result)) + "\n")
     return js, md

@@ -1,8 +1,9 @@
 """The vertical model (VM): the small ranker on the serving path.
 
-[user id, item id, context] (+ optional [compressed FM embedding, one-hot of its tier]) -> 2-layer MLP.
-The FM input is zeros with tier ``none`` where no embedding was served, so the same model reads
-exact, fallback and missing embeddings alike.
+[user id, item id, context] (+ optional [compressed FM embedding, one-hot of its tier]) -> 2-layer MLP,
+plus an additive bias per slot (position). The FM input is zeros with tier ``none`` where no
+embedding was served, so the same model reads exact, fallback and missing embeddings alike. The
+VM reads no history, no item attributes and no counters: those reach it only through the FM.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from model.features import MAX_POSITION
 from model.tiers import NONE as TIER_NONE  # noqa: F401  (the tier of a pair served nothing)
 from model.tiers import TIERS
 
@@ -40,6 +42,7 @@ class VerticalModel(nn.Module):
         extra = cfg.fm_dim + len(TIERS) if cfg.use_fm_embedding else 0
         self.mlp = nn.Sequential(nn.Linear(2 * cfg.dim + 12 + extra, cfg.hidden), nn.ReLU(),
                                  nn.Linear(cfg.hidden, cfg.hidden // 2), nn.ReLU(), nn.Linear(cfg.hidden // 2, 1))
+        self.position_bias = nn.Embedding(MAX_POSITION + 1, 1, padding_idx=0)  # 0: slot unknown, no bias
 
     def forward(self, b: dict[str, torch.Tensor]) -> torch.Tensor:
         parts = [self.user(b["user"]), self.item(b["item"]), self.hour(b["hour"]), self.device(b["device"]),
@@ -49,4 +52,5 @@ class VerticalModel(nn.Module):
             if fm.shape[1] != self.cfg.fm_dim:
                 raise ValueError(f"FM embedding has dimension {fm.shape[1]}, the VM expects {self.cfg.fm_dim}")
             parts += [fm, nn.functional.one_hot(b["tier"], len(TIERS)).float()]
-        return self.mlp(torch.cat(parts, dim=1)).squeeze(-1)  # (B,) logits
+        logit = self.mlp(torch.cat(parts, dim=1)).squeeze(-1)  # (B,)
+        return logit + self.position_bias(b["position"]).squeeze(-1) if "position" in b else logit

@@ -1,9 +1,17 @@
-"""Embed the selected pairs with the FM + autoencoder as of t, and MERGE them into pair_embeddings.
+"""FM inputs as of t in Spark, FM inference, and the rows precompute MERGEs into pair_embeddings.
 
-FM inputs are built as of t: each user's last L events strictly before t. Inference runs in
-batches inside Spark (``mapInPandas``; the models load once per Python worker) on the configured
-device. Rows get computed_at = t and expires_at = t + TTL, so rerunning an interval writes the
-same rows. Embeddings of the wrong dimension or with NaN are rejected before the MERGE.
+The FM reads, for a (user, item) pair at t, what training built for a request at t
+(``model.features``): the user's last L events in [t - horizon, t) with their categories and
+times, the item's category and subcategory, the item's clicks in the last hour and day and its
+first click in the horizon, and the user's clicks on the item's category and in all. Here they
+are Spark aggregates over ``user_events`` bounded by the horizon (no scan of older events), joined
+to the pairs; ``model.inference`` turns them into model inputs with the same functions training
+uses (tests/test_precompute.py checks that both give the same inputs).
+
+Inference runs inside Spark (``mapInPandas``; the models load once per Python worker), the pairs
+of a user kept together so that the user's history is encoded once. Rows get computed_at = t and
+expires_at = t + TTL, so rerunning an interval writes the same rows. Embeddings of the wrong
+dimension or with NaN are rejected before the MERGE.
 """
 
 from __future__ import annotations
@@ -14,18 +22,73 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 
-def histories(events: DataFrame, users: DataFrame, t: datetime, length: int) -> DataFrame:
-    """(user_id, history): the user's last ``length`` item ids strictly before t, oldest first; pure."""
+def in_horizon(events: DataFrame, t: datetime, horizon_hours: float) -> DataFrame:
+    """Events in [t - horizon, t): all that any FM input as of t reads."""
+    return events.where((F.col("ts") < F.lit(t)) & (F.col("ts") >= F.lit(t - timedelta(hours=horizon_hours))))
+
+
+def histories(events: DataFrame, users: DataFrame, t: datetime, length: int, horizon_hours: float,
+              items: DataFrame | None = None) -> DataFrame:
+    """(user_id, history, history_category, history_ts): the user's last ``length`` events in
+    [t - horizon, t), oldest first (ties in time by item id); pure."""
     w = Window.partitionBy("user_id").orderBy(F.col("ts").desc(), F.col("item_id").desc())
-    last = (events.where(F.col("ts") < F.lit(t)).join(users, "user_id", "left_semi")
+    last = (in_horizon(events, t, horizon_hours).join(users, "user_id", "left_semi")
             .withColumn("_n", F.row_number().over(w)).where(F.col("_n") <= length))
-    return (last.groupBy("user_id")
-            .agg(F.sort_array(F.collect_list(F.struct("ts", "item_id"))).alias("_h"))
-            .select("user_id", F.transform("_h", lambda s: s["item_id"]).alias("history")))
+    if items is not None:
+        last = last.join(items.select("item_id", "category"), "item_id", "left")
+    else:
+        last = last.withColumn("category", F.lit(None).cast("string"))
+    h = (last.groupBy("user_id")
+         .agg(F.sort_array(F.collect_list(F.struct("ts", "item_id", "category"))).alias("_h")))
+    return h.select("user_id", F.transform("_h", lambda s: s["item_id"]).alias("history"),
+                    F.transform("_h", lambda s: s["category"]).alias("history_category"),
+                    F.transform("_h", lambda s: s["ts"]).alias("history_ts"))
 
 
-def embed(selected: DataFrame, fm_path: str, ae_path: str, t: datetime, device: str = "cpu") -> DataFrame:
-    """Add ``embedding`` (array<float>) to rows with user_id, item_id, device, surface, history."""
+def item_counts(events: DataFrame, t: datetime, horizon_hours: float) -> DataFrame:
+    """(item_id, clicks_1h, clicks_24h, age_hours): click events of the item in the last hour and
+    day before t, and hours since its first click in the horizon."""
+    clicks = in_horizon(events, t, horizon_hours).where(F.col("event_type") == "click")
+    t_us = F.unix_micros(F.lit(t).cast("timestamp"))
+    return clicks.groupBy("item_id").agg(
+        F.sum((F.col("ts") >= F.lit(t - timedelta(hours=1))).cast("long")).alias("clicks_1h"),
+        F.sum((F.col("ts") >= F.lit(t - timedelta(hours=24))).cast("long")).alias("clicks_24h"),
+        ((t_us - F.unix_micros(F.min("ts"))) / F.lit(3_600_000_000.0)).alias("age_hours"))
+
+
+def user_counts(events: DataFrame, users: DataFrame, items: DataFrame | None, t: datetime,
+                horizon_hours: float) -> tuple[DataFrame, DataFrame]:
+    """((user_id, user_total), (user_id, category, user_category)): the user's events in the
+    horizon, in all and per item category (events of items without a category count in all only)."""
+    mine = in_horizon(events, t, horizon_hours).join(users, "user_id", "left_semi")
+    totals = mine.groupBy("user_id").agg(F.count(F.lit(1)).alias("user_total"))
+    if items is None:
+        return totals, totals.select("user_id", F.lit(None).cast("string").alias("category"),
+                                     F.lit(0).cast("long").alias("user_category")).limit(0)
+    per_cat = (mine.join(items.select("item_id", "category"), "item_id")
+               .where(F.col("category").isNotNull())
+               .groupBy("user_id", "category").agg(F.count(F.lit(1)).alias("user_category")))
+    return totals, per_cat
+
+
+def with_fm_inputs(pairs: DataFrame, events: DataFrame, items: DataFrame | None, t: datetime, length: int,
+                   horizon_hours: float) -> DataFrame:
+    """``pairs`` (user_id, item_id, ...) with every column ``model.inference.PAIR_COLUMNS`` names, as of t."""
+    users = pairs.select("user_id").distinct()
+    attrs = (items.select("item_id", "category", "subcategory") if items is not None else
+             pairs.select("item_id").distinct().select("item_id", F.lit(None).cast("string").alias("category"),
+                                                       F.lit(None).cast("string").alias("subcategory")))
+    totals, per_cat = user_counts(events, users, items, t, horizon_hours)
+    return (pairs.join(attrs, "item_id", "left")
+            .join(item_counts(events, t, horizon_hours), "item_id", "left")
+            .join(totals, "user_id", "left")
+            .join(per_cat, ["user_id", "category"], "left")
+            .join(histories(events, users, t, length, horizon_hours, items), "user_id", "left"))
+
+
+def embed(pairs: DataFrame, fm_path: str, ae_path: str, t: datetime, device: str = "cpu") -> DataFrame:
+    """(user_id, item_id, embedding array<float>) of rows with ``with_fm_inputs``'s columns. The
+    pairs of a user stay in one partition, together, so the user's history is encoded once."""
     import pandas as pd
 
     def run(batches):
@@ -35,7 +98,8 @@ def embed(selected: DataFrame, fm_path: str, ae_path: str, t: datetime, device: 
             codes = fm_codes(pdf.assign(ts=pd.Timestamp(t)), fm_path, ae_path, device=device)
             yield pd.DataFrame({"user_id": pdf["user_id"], "item_id": pdf["item_id"], "embedding": list(codes)})
 
-    return selected.mapInPandas(run, "user_id string, item_id string, embedding array<float>")
+    grouped = pairs.repartition("user_id").sortWithinPartitions("user_id", "item_id")
+    return grouped.mapInPandas(run, "user_id string, item_id string, embedding array<float>")
 
 
 def check_embeddings(df: DataFrame, dim: int) -> None:

@@ -1,42 +1,77 @@
-"""The one ingest dispatcher: a named log (``mind``, ``globo``, ``synthetic``, ``clicklog``) at a
-path -> the adapter that reads it. The main job, the model evaluation and the replay all ingest
-through here, so a log lands the same way whichever entry point a user starts from."""
+"""The one ingest dispatcher: a named log (``synthetic``, ``mind``, ``globo``, ``clicklog``,
+``impressions``) at a path -> the adapter that reads it. The main job, the model evaluation and the
+replay all ingest through here, so a log lands the same way whichever entry point a user starts from.
+
+``synthetic`` is the folder the impression world writes (``include/synthetic_world.py``:
+impressions.csv, items.csv and truth.csv); ``impressions`` any impression log (a file, or a folder
+with impressions.csv and optionally items.csv); ``clicklog`` a click-only log in the generic format.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-DATA_SETS = ("synthetic", "mind", "globo", "clicklog")
+DATA_SETS = ("synthetic", "mind", "globo", "clicklog", "impressions")
 
 
-def ingest(spark, cfg, data: str, input_path: str):
-    """Ingest ``input_path`` as the log kind ``data``; returns the adapter's report."""
+def ingest(spark, cfg, data: str, input_path: str, clicklog_args: list[str] | None = None):
+    """Ingest ``input_path`` as the log kind ``data``; returns the adapter's report.
+    ``clicklog_args``: extra click-log options (``--map``, ``--ts-unit``, ``--items``, ...)."""
     if data not in DATA_SETS:
         raise ValueError(f"unknown data set {data!r}; known: {', '.join(DATA_SETS)}")
+    base = Path(input_path)
     if data == "mind":
         from spark_jobs import ingest_mind
 
-        base = Path(input_path)
         behaviors = str(base / "behaviors.tsv") if base.is_dir() else input_path
         news = base / "news.tsv" if base.is_dir() else None
         return ingest_mind.ingest(spark, cfg, behaviors, str(news) if news and news.exists() else None)
+    if data in ("synthetic", "impressions"):
+        from include import synthetic_world
+        from spark_jobs import ingest_impressions as ii
+
+        log = base / synthetic_world.IMPRESSIONS if base.is_dir() else base
+        items, truth = (base / synthetic_world.ITEMS, base / synthetic_world.TRUTH) if base.is_dir() else (None, None)
+        spec = ii.ImpressionLogSpec(source=data if data == "synthetic" else "impressions")
+        return ii.ingest(spark, cfg, str(log), spec, "csv", str(items) if items and items.exists() else None,
+                         str(truth) if truth and truth.exists() else None)
     from spark_jobs import ingest_clicklog
 
     preset = "globo" if data == "globo" else "generic"
-    args = ingest_clicklog.parse_args(["--input", input_path, "--preset", preset]
-                                      + (["--source", "synthetic"] if data == "synthetic" else []))
-    return ingest_clicklog.ingest(spark, cfg, input_path, ingest_clicklog.spec_from_args(args, cfg), "csv")
+    args = ingest_clicklog.parse_args(["--input", input_path, "--preset", preset, *(clicklog_args or [])])
+    return ingest_clicklog.ingest(spark, cfg, input_path, ingest_clicklog.spec_from_args(args, cfg), args.format,
+                                  getattr(args, "items", None))
+
+
+def add_clicklog_arguments(parser) -> None:
+    """The click-log adapter's options, for entry points that ingest before they evaluate."""
+    g = parser.add_argument_group("click logs (--data clicklog or globo), as python -m spark_jobs.ingest_clicklog takes them")
+    g.add_argument("--map", help="comma list of solaris_col=input_col (user_id, item_id, ts, context, category, ...)")
+    g.add_argument("--ts-unit", choices=["ms", "s", "iso"], help="timestamp unit")
+    g.add_argument("--items", help="item attribute file: item_id, category, subcategory, title")
+    g.add_argument("--format", choices=["csv", "parquet"], help="input format (default csv)")
+
+
+def clicklog_arguments(args) -> list[str]:
+    """The click-log options given (``add_clicklog_arguments``), as the adapter's command line."""
+    out = []
+    for flag in ("map", "ts_unit", "items", "format"):
+        value = getattr(args, flag, None)
+        if value:
+            out += [f"--{flag.replace('_', '-')}", value]
+    return out
 
 
 def synthetic_input(cfg) -> Path:
-    """Where a generated synthetic log goes when no path is given: beside the lake, under data/."""
-    return cfg.lake.root_path.parent / "data" / "synthetic" / "clicks.csv"
+    """Where a generated synthetic world goes when no path is given: beside the lake, under data/."""
+    return cfg.lake.root_path.parent / "data" / "synthetic"
 
 
-def write_synthetic(cfg, path: str | None = None, scfg=None) -> str:
-    """Generate the synthetic click log (default size unless ``scfg``) at ``path``; returns the path."""
-    from include import synthetic
+def write_synthetic(cfg, path: str | None = None, wcfg=None) -> str:
+    """Generate the synthetic impression world (default size unless ``wcfg``) in the folder
+    ``path``; returns the folder."""
+    from include import synthetic_world
 
     path = path or str(synthetic_input(cfg))
-    synthetic.write_csv(synthetic.generate(scfg or synthetic.SyntheticConfig()), path)
+    synthetic_world.write(synthetic_world.generate(wcfg or synthetic_world.WorldConfig()), path)
     return path

@@ -5,7 +5,8 @@ A column mapping (``--map user_id=click_user,...`` or a preset such as ``--prese
 them. Clicks become requests with candidate lists by spark_jobs/candidates.py.
 
     python -m spark_jobs.ingest_clicklog --input PATH [--format csv|parquet] [--source NAME]
-        [--preset globo] [--map user_id=...,item_id=...,ts=...] [--ts-unit ms|s|iso]
+        [--preset globo] [--map user_id=...,item_id=...,ts=...,category=...] [--ts-unit ms|s|iso]
+        [--items PATH]
     spark-submit spark_jobs/ingest_clicklog.py ...   (same arguments)
 
 Every input record is accounted for: it becomes a request, or lands in
@@ -29,6 +30,7 @@ from spark_jobs.candidates import clicks_to_requests
 
 REQUIRED = ("user_id", "item_id", "ts")
 CONTEXT = ("surface", "device", "region", "referrer")
+ATTRIBUTES = ("category", "subcategory", "title")  # item attributes a click row may carry (-> items)
 CORRUPT = "_corrupt_record"
 
 PRESETS: dict[str, dict] = {
@@ -61,17 +63,33 @@ class ClickLogSpec:
     ts_unit: str = "ms"  # ms | s | iso
 
     def __post_init__(self):
-        if self.ts_unit not in ("ms", "s", "iso"):
-            raise InputError(f"ts_unit must be ms, s or iso, got {self.ts_unit!r}")
-        missing = [c for c in REQUIRED if c not in self.mapping]
-        if missing:
-            raise InputError(f"column mapping lacks {missing}; give e.g. --map user_id=uid,item_id=iid,ts=time")
-        unknown = [c for c in self.mapping if c not in REQUIRED + CONTEXT]
-        if unknown:
-            raise InputError(f"unknown mapped column(s) {unknown}; map only {REQUIRED + CONTEXT}")
+        check_spec(self.mapping, self.ts_unit, REQUIRED, CONTEXT + ATTRIBUTES)
 
 
-def _timestamp(col, unit: str):
+def check_spec(mapping: dict[str, str], ts_unit: str, required: tuple[str, ...], optional: tuple[str, ...]) -> None:
+    """A log adapter's column mapping and time unit, or ``InputError`` saying what to give instead."""
+    if ts_unit not in ("ms", "s", "iso"):
+        raise InputError(f"ts_unit must be ms, s or iso, got {ts_unit!r}")
+    missing = [c for c in required if c not in mapping]
+    if missing:
+        raise InputError(f"column mapping lacks {missing}; give e.g. --map {','.join(f'{c}=COL' for c in missing)}")
+    unknown = [c for c in mapping if c not in required + optional]
+    if unknown:
+        raise InputError(f"unknown mapped column(s) {unknown}; map only {required + optional}")
+
+
+def parse_map(text: str | None, mapping: dict[str, str]) -> dict[str, str]:
+    """``mapping`` overridden by a ``--map solaris_col=input_col,...`` value."""
+    mapping = dict(mapping)
+    for pair in (text.split(",") if text else []):
+        if "=" not in pair:
+            raise InputError(f"--map entries look like solaris_col=input_col, got {pair!r}")
+        k, v = pair.split("=", 1)
+        mapping[k.strip()] = v.strip()
+    return mapping
+
+
+def parse_timestamp(col, unit: str):
     if unit == "ms":
         return F.timestamp_millis(col.try_cast("bigint"))
     if unit == "s":
@@ -86,7 +104,7 @@ def parse_clicks(raw: DataFrame, spec: ClickLogSpec, quality) -> DataFrame:
     """
     m = spec.mapping
     src = lambda c: F.trim(F.col(f"`{m[c]}`")) if c in m else F.lit(None).cast("string")  # noqa: E731
-    ts = _timestamp(src("ts"), spec.ts_unit)
+    ts = parse_timestamp(src("ts"), spec.ts_unit)
     raw_text = (F.coalesce(F.col(CORRUPT), F.to_json(F.struct(*[F.col(f"`{c}`") for c in raw.columns if c != CORRUPT])))
                 if CORRUPT in raw.columns else F.to_json(F.struct(*[F.col(f"`{c}`") for c in raw.columns])))
     blank = lambda c: src(c).isNull() | (src(c) == "")  # noqa: E731
@@ -100,7 +118,7 @@ def parse_clicks(raw: DataFrame, spec: ClickLogSpec, quality) -> DataFrame:
               .when((ts < F.lit(quality.min_ts).cast("timestamp")) | (ts >= F.lit(quality.max_ts).cast("timestamp")),
                     F.concat(F.lit(f"timestamp outside [{quality.min_ts}, {quality.max_ts}): "), ts.cast("string"))))
     return raw.select(src("user_id").alias("user_id"), src("item_id").alias("item_id"), ts.alias("ts"),
-                      *[src(c).alias(c) for c in CONTEXT], raw_text.alias("raw"), reason.alias("reason"))
+                      *[src(c).alias(c) for c in CONTEXT + ATTRIBUTES], raw_text.alias("raw"), reason.alias("reason"))
 
 
 def mark_duplicates(parsed: DataFrame) -> DataFrame:
@@ -143,10 +161,11 @@ def require_path(spark, path: str) -> None:
         raise InputError(f"input path does not exist: {path}")
 
 
-def check_columns(raw: DataFrame, spec: ClickLogSpec, path: str) -> ClickLogSpec:
-    """Required columns must be present; optional context columns that are absent become NULL."""
+def check_columns(raw: DataFrame, spec, path: str, required: tuple[str, ...] = REQUIRED):
+    """Required columns must be present; optional columns that are absent become NULL. ``spec``:
+    any dataclass with a ``mapping`` (SOLARIS column -> input column)."""
     have = [c for c in raw.columns if c != CORRUPT]
-    missing = [f"{k} (from column {v!r})" for k, v in spec.mapping.items() if k in REQUIRED and v not in have]
+    missing = [f"{k} (from column {v!r})" for k, v in spec.mapping.items() if k in required and v not in have]
     if missing:
         raise InputError(f"{path}: input lacks mapped column(s) {missing}; it has {have}")
     absent = [k for k, v in spec.mapping.items() if v not in have]
@@ -155,8 +174,21 @@ def check_columns(raw: DataFrame, spec: ClickLogSpec, path: str) -> ClickLogSpec
     return replace(spec, mapping={k: v for k, v in spec.mapping.items() if v in have})
 
 
-def ingest(spark, cfg, path: str, spec: ClickLogSpec, fmt: str = "csv"):
-    """Read, parse, generate candidates and write; returns the IngestReport."""
+def click_items(clicks: DataFrame, spec: ClickLogSpec) -> DataFrame | None:
+    """Item attributes carried by the click rows (mapped ``ATTRIBUTES``), the earliest click's per item."""
+    from pyspark.sql import Window
+
+    if not any(a in spec.mapping for a in ATTRIBUTES):
+        return None
+    first = Window.partitionBy("item_id").orderBy("ts", "user_id")
+    return (clicks.withColumn("_n", F.row_number().over(first)).where("_n = 1")
+            .select("item_id", *[F.nullif(F.col(a), F.lit("")).alias(a) for a in ATTRIBUTES],
+                    F.lit(spec.source).alias("source")))
+
+
+def ingest(spark, cfg, path: str, spec: ClickLogSpec, fmt: str = "csv", items_path: str | None = None):
+    """Read, parse, generate candidates and write; returns the IngestReport. ``items_path``: an
+    item attribute file (spark_jobs/ingest_items.py), which wins over attributes on the clicks."""
     from spark_jobs.ingest_load import quarantine_rows, write_ingest
 
     started = time.perf_counter()
@@ -171,6 +203,18 @@ def ingest(spark, cfg, path: str, spec: ClickLogSpec, fmt: str = "csv"):
         ingested_at = lake.utc_now()  # bookkeeping, not data selection
         bad = quarantine_rows(parsed.where(F.col("reason").isNotNull()), spec.source, path, ingested_at)
         clicks = parsed.where(F.col("reason").isNull()).drop("raw", "reason")
+        items, other_inputs = click_items(clicks, spec), ()
+        if items_path:
+            from spark_jobs.ingest_items import read_items
+
+            parsed_items = read_items(spark, items_path, spec.source)
+            from_file = parsed_items.where(F.col("reason").isNull()).drop("raw", "reason")
+            items = from_file if items is None else from_file.unionByName(
+                items.join(from_file.select("item_id"), "item_id", "left_anti"))
+            bad = bad.unionByName(quarantine_rows(parsed_items.where(F.col("reason").isNotNull()), spec.source,
+                                                  items_path, ingested_at))
+            other_inputs = (items_path,)
+        clicks = clicks.drop(*ATTRIBUTES)
         params = cfg.clicklog
         prior = _prior_clicks(spark, cfg, spec.source, clicks, params)
         requests = clicks_to_requests(clicks, params, spec.source, prior)
@@ -180,8 +224,8 @@ def ingest(spark, cfg, path: str, spec: ClickLogSpec, fmt: str = "csv"):
         events = clicks.select("user_id", "item_id", "ts", F.lit("click").alias("event_type"),
                                F.lit(spec.source).alias("source"), F.to_date("ts").alias("date"))
         return write_ingest(spark, cfg, source=spec.source, input_path=path, records_in=records_in,
-                            requests=requests, events=events, items=None, quarantine=bad, started=started,
-                            pool_clicks=pool_clicks)
+                            requests=requests, events=events, items=items, quarantine=bad, started=started,
+                            pool_clicks=pool_clicks, other_inputs=other_inputs)
     finally:
         parsed.unpersist()
 
@@ -210,19 +254,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--source", help="name recorded in the tables' source column (default: the preset's)")
     p.add_argument("--map", help="comma list of solaris_col=input_col overriding the preset")
     p.add_argument("--ts-unit", choices=["ms", "s", "iso"], help="timestamp unit (default: the preset's)")
+    p.add_argument("--items", help="item attribute file: item_id, category, subcategory, title")
     p.add_argument("--config", help="SOLARIS TOML config")
     return p.parse_args(argv)
 
 
 def spec_from_args(args: argparse.Namespace, cfg) -> ClickLogSpec:
     preset = PRESETS[args.preset]
-    mapping = dict(preset["mapping"])
-    if args.map:
-        for pair in args.map.split(","):
-            if "=" not in pair:
-                raise InputError(f"--map entries look like solaris_col=input_col, got {pair!r}")
-            k, v = pair.split("=", 1)
-            mapping[k.strip()] = v.strip()
+    mapping = parse_map(args.map, preset["mapping"])
     return ClickLogSpec(source=args.source or preset["source"], mapping=mapping,
                         ts_unit=args.ts_unit or preset["ts_unit"])
 
@@ -235,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(args.config)
     spec = spec_from_args(args, cfg)
     spark = get_spark(cfg)
-    report = ingest(spark, cfg, args.input, spec, args.format)
+    report = ingest(spark, cfg, args.input, spec, args.format, args.items)
     print("\n".join(report.lines(cfg.lake.database)))
     return 0
 

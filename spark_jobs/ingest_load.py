@@ -23,11 +23,20 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from feature_store import lake, quality
-from feature_store.tables import (INGEST_RUNS, ITEMS, REQUEST_LOG, REQUEST_LOG_QUARANTINE, USER_EVENTS,
+from feature_store.tables import (INGEST_RUNS, ITEMS, REQUEST_LOG, REQUEST_LOG_QUARANTINE, TRUTH, USER_EVENTS,
                                   conform, ensure_tables)
 
 
 LEAK_WARN = (0.35, 0.75)  # a single-feature AUC outside this range is reported as a leak
+# What to try when a whole input lands in the quarantine for one reason.
+QUARANTINE_HINTS = (
+    ("timestamp", "the timestamps may be in another unit or format: try --ts-unit s, ms or iso"),
+    ("missing user_id", "the user id column may be named otherwise: --map user_id=COLUMN"),
+    ("missing item_id", "the item id column may be named otherwise: --map item_id=COLUMN"),
+    ("missing request_id", "the request id column may be named otherwise: --map request_id=COLUMN"),
+    ("wrong number of fields", "the file may not be comma-separated CSV with a header (--format parquet?)"),
+    ("already ingested", "this input's requests came with another input already: nothing new to ingest"),
+)
 
 
 @dataclass(frozen=True)
@@ -49,14 +58,23 @@ class IngestReport:
     popularity_auc: float | None = None  # single-feature AUCs of generated candidates (click logs only)
     position_auc: float | None = None
     events_already_present: int = 0  # events another input had already brought (kept once)
+    reasons: tuple[tuple[str, int], ...] = ()  # quarantine counts by reason (the text before any ': value')
 
     def lines(self, database: str) -> list[str]:
-        return [*self._lines(database), *self.leak_lines()]
+        return [*self._lines(database), *self.quarantine_lines(), *self.leak_lines()]
+
+    def quarantine_lines(self) -> list[str]:
+        out = [f"    {n:>12,}  {reason}" for reason, n in self.reasons[:5]]
+        if self.records_in and self.quarantined >= self.records_in and len(self.reasons) == 1:
+            hint = next((h for key, h in QUARANTINE_HINTS if key in self.reasons[0][0]), None)
+            out.append(f"  every record was quarantined as {self.reasons[0][0]!r}"
+                       + (f": {hint}" if hint else ": check the input against the adapter's expected columns"))
+        return out
 
     def leak_lines(self) -> list[str]:
         if self.popularity_auc is None:
             return []
-        out = [f"  leak check, single-feature AUC of the generated candidates (0.5: no signal): "
+        out = [f"  leak check, single-feature AUC of the requests (0.5: no signal): "
                f"prior popularity {self.popularity_auc:.3f}, position {self.position_auc:.3f}"]
         for name, value in (("prior popularity", self.popularity_auc), ("position", self.position_auc)):
             # NaN: one class only (no negatives yet, e.g. only the log's first W hours): nothing to judge
@@ -87,10 +105,12 @@ def quarantine_rows(raw: DataFrame, source: str, input_path: str, ingested_at: d
 
 def write_ingest(spark, cfg, *, source: str, input_path: str, records_in: int, requests: DataFrame,
                  events: DataFrame, items: DataFrame | None, quarantine: DataFrame,
-                 started: float, other_inputs: tuple[str, ...] = (), pool_clicks: DataFrame | None = None) -> IngestReport:
+                 started: float, other_inputs: tuple[str, ...] = (), pool_clicks: DataFrame | None = None,
+                 truth: DataFrame | None = None) -> IngestReport:
     """Validate, then write every output of one run. ``other_inputs`` are further files whose bad
     records are in ``quarantine`` (e.g. MIND's news.tsv beside behaviors.tsv). ``pool_clicks``: the
-    clicks that generated candidates were drawn from (click logs): the leak check runs on them."""
+    clicks of the log (for click logs, those the candidates were drawn from): the leak check runs
+    on them. ``truth``: known click probabilities of a simulated log, written to ``truth``."""
     ensure_tables(spark, cfg)
     cached = []
 
@@ -99,6 +119,8 @@ def write_ingest(spark, cfg, *, source: str, input_path: str, records_in: int, r
         return df
 
     try:
+        if "conversion" not in requests.columns:  # a log with one label
+            requests = requests.withColumn("conversion", F.lit(None).cast("int"))
         requests = cache(conform(requests.withColumn("input_path", F.lit(input_path)), REQUEST_LOG))
         events = cache(conform(events.withColumn("input_path", F.lit(input_path)), USER_EVENTS))
         requests, events, repeated, events_present = _without_other_inputs(spark, cfg, source, input_path, requests, events)
@@ -128,15 +150,19 @@ def write_ingest(spark, cfg, *, source: str, input_path: str, records_in: int, r
             items = items.dropDuplicates(list(ITEMS.primary_key))
             lake.upsert(spark, cfg, ITEMS, items)
             item_rows = items.count()
+        if truth is not None:
+            lake.replace(cfg, TRUTH, conform(truth.withColumn("input_path", F.lit(input_path)), TRUTH), mine)
         leak = {}
         if pool_clicks is not None and stats.rows:
             from spark_jobs.candidates import leak_statistics
 
             leak = leak_statistics(requests, pool_clicks)
+        reasons = (quarantine.groupBy(F.split("reason", ": ", 2)[0].alias("r")).count()
+                   .orderBy(F.desc("count"), "r").collect())
         report = IngestReport(
-            **leak, events_already_present=events_present, run_id=run_id, source=source, input_path=input_path, records_in=records_in,
+            **leak, reasons=tuple((r.r, r["count"]) for r in reasons), events_already_present=events_present, run_id=run_id, source=source, input_path=input_path, records_in=records_in,
             request_rows=stats.rows, requests=stats.requests, event_rows=ev.rows, item_rows=item_rows,
-            quarantined=quarantine.count(), min_ts=stats.min_ts, max_ts=stats.max_ts,
+            quarantined=sum(r["count"] for r in reasons), min_ts=stats.min_ts, max_ts=stats.max_ts,
             seconds=round(time.perf_counter() - started, 3),
             finished_at=lake.utc_now(),  # bookkeeping only, not data selection
             quality_report=report_path)

@@ -4,7 +4,7 @@
     python -m spark_jobs.pipeline --data mind --input ../shared/datasets/mind_small_subset
     python -m spark_jobs.pipeline --data globo --input '../shared/datasets/globo_news_clicks/clicks/*.csv.gz'
 
-Stages so far: (synthetic data) -> ingest with quarantine and data-quality checks -> summary of
+Stages: (generate the synthetic impression world) -> ingest with quarantine and data-quality checks -> summary of
 what landed where -> train the FM, autoencoder and VM variants and compare them -> hourly
 cycles over the log's last hours: speculative precompute (verifier scoring, FM embeddings
 with TTL), user means, FAISS neighbors, publication, as-of resolution and the coverage by tier.
@@ -53,9 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", choices=DATA_SETS, default="synthetic")
     p.add_argument("--input", help="data path (for synthetic: where to write the generated log)")
     p.add_argument("--config", help="SOLARIS TOML config")
-    p.add_argument("--synthetic-users", type=int, default=2000)
-    p.add_argument("--synthetic-items", type=int, default=400)
-    p.add_argument("--synthetic-hours", type=int, default=48)
+    from include import synthetic_world
+
+    synthetic_world.add_arguments(p)
     p.add_argument("--models", choices=[*MODEL_SIZES, "none"],
                    help="model sizes for the training stage (default: [models] sizes, quick: small, CPU-minutes; "
                         "none: skip)")
@@ -72,13 +72,14 @@ def main(argv: list[str] | None = None) -> int:
     progress = Progress(total=(4 if a.data == "synthetic" else 3) + (a.models != "none") + (precompute_hours > 0))
     input_path = a.input
     if a.data == "synthetic":
-        from include import synthetic
-
         input_path = input_path or str(synthetic_input(cfg))
-        progress.stage(f"generate a synthetic click log -> {input_path}")
-        scfg = synthetic.SyntheticConfig(users=a.synthetic_users, items=a.synthetic_items, hours=a.synthetic_hours)
-        n = synthetic.write_csv(synthetic.generate(scfg), input_path)
-        print(f"  {n:,} clicks, {scfg.users} users, {scfg.items} items, {scfg.hours} hours from {scfg.start} UTC")
+        progress.stage(f"generate the synthetic impression world -> {input_path}")
+        wcfg = synthetic_world.from_arguments(a)
+        world = synthetic_world.generate(wcfg)
+        synthetic_world.write(world, input_path)
+        imp = world["impressions"]
+        print(f"  {len(imp['ts']):,} impressions in {len(set(imp['request_id'])):,} requests, {int(imp['label'].sum()):,} "
+              f"clicks; {wcfg.users} users, {wcfg.items} items, {wcfg.hours} hours from {wcfg.start} UTC")
     elif not input_path:
         p.error(f"--input is required for --data {a.data}")
 

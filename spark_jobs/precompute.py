@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 
 from pyspark.sql import functions as F
 
-from feature_store.tables import (MISS_QUEUE, PAIR_EMBEDDINGS, PRECOMPUTE_RUNS, REQUEST_LOG, USER_EVENTS,
+from feature_store.tables import (ITEMS, MISS_QUEUE, PAIR_EMBEDDINGS, PRECOMPUTE_RUNS, REQUEST_LOG, USER_EVENTS,
                                   VERIFIER_SCORES, conform, ensure_tables, in_time_range, qualified_name)
 from feature_store import lake
 from include.cli import run_at_time
@@ -72,11 +72,10 @@ def run(spark, cfg, t: datetime) -> RunCounters:
     ae = registry.load(models["autoencoder"], EmbeddingAutoencoder, AEConfig)  # and here if it does not match
     fm_version = f"fm/{models['fm'].rsplit('/', 1)[-1]}+autoencoder/{models['autoencoder'].rsplit('/', 1)[-1]}"
     run_id = lake.run_id(t)
-    specs = (REQUEST_LOG, USER_EVENTS, PAIR_EMBEDDINGS, VERIFIER_SCORES, MISS_QUEUE, PRECOMPUTE_RUNS)
+    specs = (REQUEST_LOG, USER_EVENTS, ITEMS, PAIR_EMBEDDINGS, VERIFIER_SCORES, MISS_QUEUE, PRECOMPUTE_RUNS)
     ensure_tables(spark, cfg, specs)
     lap("setup")
-    name = {s.name: qualified_name(s, db) for s in (REQUEST_LOG, USER_EVENTS, PAIR_EMBEDDINGS, VERIFIER_SCORES,
-                                                     MISS_QUEUE, PRECOMPUTE_RUNS)}
+    name = {s.name: qualified_name(s, db) for s in specs}
 
     window = in_time_range(spark.table(name["request_log"]), start, t)
     # Waiting misses, plus those this same run took in before (a rerun must see the same queue).
@@ -101,13 +100,12 @@ def run(spark, cfg, t: datetime) -> RunCounters:
     audit = spark.table(name["verifier_scores"]).where(F.col("run_id") == run_id)
     selected = audit.where("selected").select("user_id", "item_id", "device", "surface")
     fm_cfg = registry.read_json(models["fm"], "config.json")["config"]
-    hist = embed_pairs.histories(spark.table(name["user_events"]), selected.select("user_id").distinct(), t,
-                                 fm_cfg["history_len"])
+    pairs = embed_pairs.with_fm_inputs(selected, spark.table(name["user_events"]), spark.table(name["items"]), t,
+                                       fm_cfg["history_len"], fm_cfg["horizon_hours"])
     from model.train import pick_device
 
     device = str(pick_device(cfg.models.device))  # on the driver: a cuda request without a GPU fails here, early
-    embedded = embed_pairs.embed(selected.join(hist, "user_id", "left"), models["fm"], models["autoencoder"], t,
-                                 device)
+    embedded = embed_pairs.embed(pairs, models["fm"], models["autoencoder"], t, device)
     rows = embed_pairs.to_rows(embedded, t, pc.ttl_hours, fm_version, run_id).persist()
     try:
         embed_pairs.check_embeddings(rows, ae.cfg.code_dim)

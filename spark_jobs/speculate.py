@@ -26,8 +26,8 @@ def window_start(pc, t: datetime) -> datetime:
 def candidates(window_requests: DataFrame, misses: DataFrame, p) -> DataFrame:
     """(user_id, item_id, origin, device, surface) to score; pure.
 
-    ``window_requests``: request_log rows in [t - W, t); ``misses``: waiting miss-queue pairs;
-    ``p``: the ``[precompute]`` config section.
+    ``window_requests``: request_log rows in [t - W, t); ``misses``: waiting miss-queue pairs
+    (user_id, item_id, requested_at); ``p``: the ``[precompute]`` config section.
     """
     latest = Window.partitionBy("user_id").orderBy(F.col("ts").desc(), F.col("request_id").desc())
     users = (window_requests.withColumn("_n", F.row_number().over(latest)).where("_n = 1")
@@ -42,8 +42,14 @@ def candidates(window_requests: DataFrame, misses: DataFrame, p) -> DataFrame:
                 .select("item_id"))
     speculated = (recent.unionByName(users.select("user_id").crossJoin(F.broadcast(trending))).distinct()
                   .join(users, "user_id").withColumn("origin", F.lit("speculated")))
-    queued = (misses.select("user_id", "item_id").distinct()
-              .join(users, "user_id", "left").withColumn("origin", F.lit("miss_queue")))
+    # Bounded: the most recently requested pairs, at most queue_per_user of a user and
+    # queue_max_pairs in all (the rest wait); ties broken by ids, so reruns take the same pairs.
+    newest = misses.groupBy("user_id", "item_id").agg(F.max("requested_at").alias("_at"))
+    per_user = Window.partitionBy("user_id").orderBy(F.col("_at").desc(), "item_id")
+    overall = Window.orderBy(F.col("_at").desc(), "user_id", "item_id")
+    queued = (newest.withColumn("_n", F.row_number().over(per_user)).where(F.col("_n") <= p.queue_per_user)
+              .withColumn("_m", F.row_number().over(overall)).where(F.col("_m") <= p.queue_max_pairs)
+              .select("user_id", "item_id").join(users, "user_id", "left").withColumn("origin", F.lit("miss_queue")))
     # A queued pair that was also speculated is kept once, as queued (queued pairs are always selected).
     speculated = speculated.join(queued.select("user_id", "item_id"), ["user_id", "item_id"], "left_anti")
     return speculated.unionByName(queued).select("user_id", "item_id", "origin", "device", "surface")

@@ -25,15 +25,17 @@ import numpy as np
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from feature_store.tables import (REQUEST_LOG, USER_EVENTS, USER_MEAN_EMBEDDINGS, USER_NEIGHBORS, conform,
+from feature_store.tables import (ITEMS, REQUEST_LOG, USER_EVENTS, USER_MEAN_EMBEDDINGS, USER_NEIGHBORS, conform,
                                   ensure_tables, in_time_range, qualified_name)
 from feature_store import lake
 from include.cli import print_counters, run_at_time
 from spark_jobs import embed_pairs
 
 
-def user_vectors(users_with_history: DataFrame, fm_path: str, ae_path: str, device: str = "cpu") -> DataFrame:
-    """Add ``vector`` (array<float>): the FM user-only pass of rows with user_id and history."""
+def user_vectors(users_with_history: DataFrame, fm_path: str, ae_path: str, t: datetime,
+                 device: str = "cpu") -> DataFrame:
+    """Add ``vector`` (array<float>): the FM user-only pass as of t of rows with user_id and the
+    history columns of ``embed_pairs.histories``."""
 
     def run(batches):
         import pandas as pd
@@ -41,7 +43,7 @@ def user_vectors(users_with_history: DataFrame, fm_path: str, ae_path: str, devi
         from model.inference import fm_user_vectors
 
         for pdf in batches:
-            v = fm_user_vectors(pdf, fm_path, ae_path, device=device)
+            v = fm_user_vectors(pdf.assign(ts=pd.Timestamp(t)), fm_path, ae_path, device=device)
             yield pd.DataFrame({"user_id": pdf["user_id"], "vector": list(v)})
 
     return users_with_history.mapInPandas(run, "user_id string, vector array<float>")
@@ -63,18 +65,19 @@ def run(spark, cfg, t: datetime) -> dict:
     started = time.perf_counter()
     fb, db = cfg.fallback, cfg.lake.database
     run_id = lake.run_id(t)
-    ensure_tables(spark, cfg, (REQUEST_LOG, USER_EVENTS, USER_MEAN_EMBEDDINGS, USER_NEIGHBORS))
+    ensure_tables(spark, cfg, (REQUEST_LOG, USER_EVENTS, ITEMS, USER_MEAN_EMBEDDINGS, USER_NEIGHBORS))
     models = resolve_models(cfg)
-    fm_len = registry.read_json(models["fm"], "config.json")["config"]["history_len"]
+    fm_cfg = registry.read_json(models["fm"], "config.json")["config"]
     since = t - timedelta(hours=fb.representation_window_hours)
     lenders = (spark.table(qualified_name(USER_MEAN_EMBEDDINGS, db))
                .where(lake.valid_at(t)).select("user_id"))
     active = (in_time_range(spark.table(qualified_name(REQUEST_LOG, db)), since, t).select("user_id")
               .unionByName(in_time_range(spark.table(qualified_name(USER_EVENTS, db)), since, t).select("user_id"))
               .unionByName(lenders).distinct())
-    hist = embed_pairs.histories(spark.table(qualified_name(USER_EVENTS, db)), active, t, fm_len)
+    hist = embed_pairs.histories(spark.table(qualified_name(USER_EVENTS, db)), active, t, fm_cfg["history_len"],
+                                 fm_cfg["horizon_hours"], spark.table(qualified_name(ITEMS, db)))
     device = str(pick_device(cfg.models.device))
-    vecs = user_vectors(active.join(hist, "user_id", "left"), models["fm"], models["autoencoder"], device).toPandas()
+    vecs = user_vectors(active.join(hist, "user_id", "left"), models["fm"], models["autoencoder"], t, device).toPandas()
     lender_set = {r.user_id for r in lenders.collect()}
 
     user_ids = vecs["user_id"].to_numpy(dtype=object)

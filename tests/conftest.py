@@ -72,23 +72,23 @@ def _tiny():
 
 
 TINY = _tiny()
-# The synthetic log of the shared lake: 2026-01-05 00:00 .. 12:00.
-BASE_LOG = dict(users=120, items=50, hours=12, visits_per_hour=20)
+# The synthetic impression world of the shared lake: 2026-01-05 00:00 .. 12:00.
+BASE_LOG = dict(users=120, items=50, hours=12, visits_per_hour=20, shown=5)
 
 
 @pytest.fixture(scope="session")
 def base_lake(spark, lake_root, tmp_path_factory):
-    """One tiny synthetic log ingested and the TINY model set trained on it, once for the whole run.
-    Modules take a copy of it (``copy_lake``) instead of ingesting and training their own."""
-    from include import synthetic
+    """One tiny synthetic impression world ingested and the TINY model set trained on it, once for the
+    whole run. Modules take a copy of it (``copy_lake``) instead of ingesting and training their own."""
+    from include import synthetic_world
     from model import training
-    from spark_jobs import ingest_clicklog as ic
+    from spark_jobs.ingest import ingest
 
     cfg = _test_config(lake_root / "base", database="t_base")
     ensure_database(spark, cfg)
-    path = tmp_path_factory.mktemp("base_log") / "clicks.csv"
-    synthetic.write_csv(synthetic.generate(synthetic.SyntheticConfig(**BASE_LOG)), path)
-    ic.ingest(spark, cfg, str(path), ic.spec_from_args(ic.parse_args(["--input", str(path), "--source", "synthetic"]), cfg))
+    folder = tmp_path_factory.mktemp("base_log")
+    synthetic_world.write(synthetic_world.generate(synthetic_world.WorldConfig(**BASE_LOG)), folder)
+    ingest(spark, cfg, "synthetic", str(folder))
     training.train_all(cfg, "synthetic", TINY, log=lambda *_: None)
     return cfg
 

@@ -33,7 +33,9 @@ def test_sql_entry_point_answers_after_the_demo(demo_lake, sql_answers):
     lake, out = demo_lake
     requests = int(next(ln for ln in out.splitlines() if "-> solaris.request_log " in ln).split("(")[1].split()[0].replace(",", ""))
     row = sql_answers["count"][0]
-    assert row["r"] == requests and row["clicks"] == requests and row["n"] > requests
+    log = delta_table(lake, "request_log")  # read independently, with delta-rs
+    assert row["r"] == requests == log["request_id"].nunique() and row["n"] == len(log) > requests
+    assert row["clicks"] == int(log["label"].sum()) > 0
 
 
 def test_spark_submit_ingests_into_a_copied_lake_and_never_into_the_original(demo_lake, tmp_path):
@@ -76,9 +78,17 @@ def test_sql_entry_point_reports_bad_sql_clearly(demo_lake):
     assert "SQL error" in p.stderr and "no_such_table" in p.stderr
 
 
-def test_spark_sql_cli_reads_the_same_catalog(spark_sql_out):
+def test_spark_sql_cli_reads_the_same_catalog(demo_lake, spark_sql_out):
     requests, clicks = spark_sql_out.strip().splitlines()[-1].split("\t")
-    assert int(requests) == int(clicks) > 0  # one click per request in a click log
+    log = delta_table(demo_lake[0], "request_log")
+    assert (int(requests), int(clicks)) == (log["request_id"].nunique(), int(log["label"].sum()))
+    assert 0 < int(clicks) < len(log)  # an impression log: most shown items are not clicked
+
+
+def delta_table(lake, name):
+    from deltalake import DeltaTable
+
+    return DeltaTable(str(lake / "tables" / name)).to_pandas()
 
 
 def sections(out: str) -> list[list[dict]]:

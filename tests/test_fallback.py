@@ -203,7 +203,7 @@ def test_the_http_lookup_serves_what_the_batch_job_logged(spark, lake):
              .where(F.col("snapshot_run_id") == newest).toPandas())
     assert len(feats)
     store = OnlineStore(cfg.lake.tables_path, poll_seconds=60, record_misses=False).start()
-    srv = LookupServer(store, "127.0.0.1", 0)
+    srv = LookupServer(store, "127.0.0.1", 0, allow_client_now=True)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
         with LookupClient(srv.url) as c:

@@ -44,11 +44,31 @@ def test_each_room_imports_only_what_it_may():
 
 
 def test_the_lookup_side_of_feature_store_uses_only_torch_free_model_modules():
-    # The online lookup must start without torch: of model/, feature_store reads the tier names only.
+    # The online lookup must start without torch: of model/, feature_store reads the tier names and
+    # the registry's model sizes only, and importing those loads no torch.
+    import subprocess
+    import sys
+
     used = {n for names in imports("feature_store").values() for n in names if n.startswith("model")}
     assert used <= {"model.tiers", "model.tiers.TIERS", "model.tiers.EXACT", "model.tiers.USER_MEAN",
-                    "model.tiers.NEIGHBOR", "model.tiers.NONE"}, used
+                    "model.tiers.NEIGHBOR", "model.tiers.NONE", "model.registry", "model.registry.code_dim"}, used
     assert "import" not in (ROOT / "model" / "tiers.py").read_text().split('"""', 2)[2]
+    code = ("import sys, feature_store.serve, feature_store.online, feature_store.redis_store, model.registry; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def test_the_truth_of_a_simulated_log_is_read_by_the_evaluation_alone():
+    """The truth (the probabilities the synthetic labels were drawn with) is written by the generator,
+    handed to the impression ingest, declared and written as a table, and read by
+    experiments/truth.py: no model, job or lookup code names it."""
+    named = sorted(str(p.relative_to(ROOT)) for room in ROOMS for p in (ROOT / room).glob("*.py")
+                   if "TRUTH" in p.read_text() or "truth.read_truth" in p.read_text())
+    assert named == ["experiments/model_eval.py", "experiments/replay.py", "experiments/truth.py",
+                     "feature_store/tables.py", "include/synthetic_world.py", "spark_jobs/ingest.py",
+                     "spark_jobs/ingest_load.py"], named
+    assert "p_click" not in "".join(p.read_text() for p in (ROOT / "model").glob("*.py"))
 
 
 def test_no_module_reaches_into_another_modules_private_names():

@@ -75,5 +75,45 @@ def test_command_line_entry_point(tiny_lake, tmp_path):
                         "--reports", str(tmp_path)], env=env, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "| VM + FM embedding (oracle coverage) |" in p.stdout
+    assert "Bayes NE (predicting the true click probability)" in p.stdout  # the world's truth, read by the evaluation
     saved = json.loads((tmp_path / "model_eval_synthetic.json").read_text())
     assert [r["model"] for r in saved["rows"]][-1] == "FM"
+
+
+def test_the_truth_is_read_by_the_evaluation_alone(tiny_lake, tmp_path):
+    """Training gives the same models with the truth table gone; the evaluation then finds no truth.
+    With it, no model beats the Bayes NE beyond noise, and every interval holds its point."""
+    import shutil
+
+    from experiments import truth
+
+    first = training.train_all(tiny_lake, "synthetic", TINY, log=lambda *_: None)
+    known = truth.read_truth(tiny_lake.lake.tables_path, "synthetic")
+    assert known is not None and len(known) > 0 and known["p_click"].between(0, 1).all()
+    gap = truth.bayes_gap(first["predictions"], known, [r["model"] for r in first["rows"]], resamples=200)
+    lo, hi = gap["bayes_ne_ci"]
+    assert lo <= gap["bayes_ne"] <= hi
+    assert truth.below_bayes(gap, tolerance=hi - lo) == []
+    for name, r in gap["models"].items():
+        if name != "VM":
+            assert r["gap_share_ci"][0] <= r["gap_share"] <= r["gap_share_ci"][1]
+    assert "share of the VM-to-Bayes gap" in truth.to_markdown(gap)
+
+    moved = tmp_path / "truth"
+    shutil.move(tiny_lake.lake.table_path("truth"), moved)
+    try:
+        assert truth.read_truth(tiny_lake.lake.tables_path, "synthetic") is None
+        second = training.train_all(tiny_lake, "synthetic", TINY, log=lambda *_: None)
+    finally:
+        shutil.move(moved, tiny_lake.lake.table_path("truth"))
+    assert [(r["model"], r["ne"], r["auc"]) for r in second["rows"]] == [(r["model"], r["ne"], r["auc"]) for r in first["rows"]]
+
+
+def test_truth_rows_must_cover_every_evaluated_row():
+    import pandas as pd
+
+    from experiments import truth
+
+    pred = pd.DataFrame({"request_id": ["r1", "r1"], "item_id": ["a", "b"], "label": [1, 0], "VM": [0.5, 0.5]})
+    with pytest.raises(ValueError, match="1 of 2 evaluated rows have no truth"):
+        truth.bayes_gap(pred, pd.DataFrame({"request_id": ["r1"], "item_id": ["a"], "p_click": [0.4]}), ["VM"])

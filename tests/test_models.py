@@ -8,6 +8,7 @@ import torch
 
 from model import registry
 from model.autoencoder import AEConfig, EmbeddingAutoencoder
+from model.features import COUNTERS
 from model.fm import FMConfig, FoundationModel
 from model.train import flops_per_example, infer, pick_device
 from model.vm import TIERS, VerticalModel, VMConfig
@@ -15,14 +16,19 @@ from model.vm import TIERS, VerticalModel, VMConfig
 SIZES = dict(n_users=50, n_items=80, n_devices=4, n_surfaces=4)
 
 
-def batch(n=8, history_len=50, seed=0, empty_history=False):
+def batch(n=8, history_len=50, seed=0, empty_history=False, requests=3):
+    """``n`` candidate rows of ``requests`` requests (a history row per request)."""
     rng = np.random.default_rng(seed)
-    hist = rng.integers(2, 80, (n, history_len))
+    hist = rng.integers(2, 80, (requests, history_len))
     if empty_history:
         hist[:] = 0
-    return {"user": rng.integers(0, 50, n), "item": rng.integers(2, 80, n), "hist": hist,
+    return {"req": np.sort(rng.integers(0, requests, n)), "hist": hist, "hist_cat": np.where(hist > 0, 1, 0),
+            "hist_age": np.where(hist > 0, rng.integers(1, 16, hist.shape), 0),
+            "user": rng.integers(0, 50, n), "item": rng.integers(2, 80, n),
             "hour": rng.integers(0, 24, n), "device": rng.integers(0, 4, n), "surface": rng.integers(0, 4, n),
-            "category": np.zeros(n, dtype=np.int64), "label": rng.integers(0, 2, n).astype(np.float32),
+            "category": np.zeros(n, dtype=np.int64), "subcategory": np.zeros(n, dtype=np.int64),
+            "counters": rng.normal(size=(n, len(COUNTERS))).astype(np.float32),
+            "position": rng.integers(0, 5, n), "label": rng.integers(0, 2, n).astype(np.float32),
             "fm": rng.normal(size=(n, 32)).astype(np.float32), "tier": rng.integers(0, len(TIERS), n)}
 
 
@@ -104,3 +110,33 @@ def test_registry_rejects_checkpoints_that_do_not_match(tmp_path):
         registry.load(path, EmbeddingAutoencoder, AEConfig)
     with pytest.raises(FileNotFoundError, match="no version 'v0009'"):
         registry.resolve(tmp_path, "ae", "v0009")
+
+
+@pytest.mark.parametrize("config, message", [
+    ([1, 2], "holds a config of type list"),
+    ({"class": "model.autoencoder.EmbeddingAutoencoder"}, "has no config object"),
+    ({"class": "model.autoencoder.EmbeddingAutoencoder", "config": {"input_dim": "24", "code_dim": 4, "hidden": 8}},
+     "stored config does not build a EmbeddingAutoencoder: TypeError"),
+    ({"class": "model.autoencoder.EmbeddingAutoencoder", "config": {"input_dim": -3, "code_dim": 4, "hidden": 8}},
+     "stored config does not build a EmbeddingAutoencoder: RuntimeError"),
+    # a stored size far beyond the weights: refused before a byte of it is allocated
+    ({"class": "model.autoencoder.EmbeddingAutoencoder", "config": {"input_dim": 24, "code_dim": 4, "hidden": 10**12}},
+     r"encoder.0.weight: stored \(128, 24\), config gives \(1000000000000, 24\)"),
+])
+def test_every_bad_stored_config_is_a_checkpoint_mismatch(tmp_path, config, message):
+    ae = EmbeddingAutoencoder(AEConfig(input_dim=24, code_dim=4))
+    path = registry.save(tmp_path, "ae", ae, {}, {})
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(registry.CheckpointMismatch, match=message):
+        registry.load(path, EmbeddingAutoencoder, AEConfig)
+
+
+def test_weights_that_are_not_a_state_dict_are_a_checkpoint_mismatch(tmp_path):
+    ae = EmbeddingAutoencoder(AEConfig(input_dim=24, code_dim=4))
+    path = registry.save(tmp_path, "ae", ae, {}, {})
+    torch.save({"encoder.0.weight": [1, 2, 3]}, path / "weights.pt")
+    with pytest.raises(registry.CheckpointMismatch, match="not a state dict"):
+        registry.load(path, EmbeddingAutoencoder, AEConfig)
+    (path / "weights.pt").unlink()
+    with pytest.raises(registry.CheckpointMismatch, match="unreadable weights.pt"):
+        registry.load(path, EmbeddingAutoencoder, AEConfig)

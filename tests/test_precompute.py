@@ -127,7 +127,8 @@ def test_selection_per_user_and_bad_parameters(spark):
     nan = scored.withColumn("score", F.lit(float("nan")))
     with pytest.raises(ValueError, match="NaN scores"):
         speculate.select(nan, fresh, p, T)
-    for bad in (dict(budget=0), dict(budget=1.5), dict(selection="random"), dict(lookback_hours=0)):
+    for bad in (dict(budget=0), dict(budget=1.5), dict(selection="random"), dict(lookback_hours=0),
+                dict(queue_per_user=-1)):
         with pytest.raises(ValueError):
             replace(p, **bad)
 
@@ -139,19 +140,94 @@ def test_candidates_are_users_by_recent_and_trending_items(spark):
         ("r1", "a", "x", T - timedelta(hours=1), 1, "d", "s"), ("r1", "a", "y", T - timedelta(hours=1), 0, "d", "s"),
         ("r2", "b", "z", T - timedelta(minutes=30), 0, "d2", "s"), ("r3", "a", "w", T - timedelta(minutes=10), 0, "d3", "s")],
         "request_id string, user_id string, item_id string, ts timestamp, label int, device string, surface string")
-    misses = spark.createDataFrame([("c", "q")], "user_id string, item_id string")
+    misses = spark.createDataFrame([("c", "q", T - timedelta(minutes=5))], "user_id string, item_id string, requested_at timestamp")
     got = {(r.user_id, r.item_id, r.origin, r.device) for r in speculate.candidates(reqs, misses, p).collect()}
     # recent: a's latest item (w), b's (z); trending: x (the only click); queued: (c, q), cold context
     assert got == {("a", "w", "speculated", "d3"), ("a", "x", "speculated", "d3"), ("b", "z", "speculated", "d2"),
                    ("b", "x", "speculated", "d2"), ("c", "q", "miss_queue", None)}
 
 
+def test_queued_misses_are_bounded_per_user_and_per_run(spark):
+    """A flood of misses from one user (or from everyone) cannot take over a run: at most
+    queue_per_user of a user, the most recently requested, and queue_max_pairs in all."""
+    p = PrecomputeConfig(lookback_hours=3, recent_items_per_user=1, trending_items=1, queue_per_user=3,
+                         queue_max_pairs=5)
+    reqs = spark.createDataFrame([("r1", "a", "x", T - timedelta(hours=1), 1, "d", "s")],
+                                 "request_id string, user_id string, item_id string, ts timestamp, label int, device string, surface string")
+    flood = [("f", f"i{k:03d}", T - timedelta(seconds=k)) for k in range(200)] + [("g", "j1", T - timedelta(hours=2)),
+                                                                               ("h", "j2", T - timedelta(hours=3))]
+    misses = spark.createDataFrame(flood, "user_id string, item_id string, requested_at timestamp")
+    got = sorted((r.user_id, r.item_id) for r in speculate.candidates(reqs, misses, p).collect() if r.origin == "miss_queue")
+    assert got == [("f", "i000"), ("f", "i001"), ("f", "i002"), ("g", "j1"), ("h", "j2")]
+    tight = replace(p, queue_max_pairs=4)
+    got = sorted((r.user_id, r.item_id) for r in speculate.candidates(reqs, misses, tight).collect() if r.origin == "miss_queue")
+    assert got == [("f", "i000"), ("f", "i001"), ("f", "i002"), ("g", "j1")]  # the oldest waits
+
+
+def test_flipped_bytes_inside_a_page_fail_the_load_instead_of_being_served(spark, lake, tmp_path):
+    """Spark writes a CRC per Parquet page; every lake read verifies it. One flipped byte inside the
+    embedding column's first page: an unverified read returns the rows, the snapshot load refuses."""
+    import glob
+    import shutil
+
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+
+    from feature_store.resolution import Snapshot
+
+    if not tbl(spark, lake, "pair_embeddings").count():
+        precompute.run(spark, lake, T)
+    root = tmp_path / "tables"
+    shutil.copytree(lake.lake.table_path("pair_embeddings"), root / "pair_embeddings")
+    Snapshot.load(root)  # the copy loads
+    path = max(glob.glob(str(root / "pair_embeddings" / "*.parquet")), key=lambda f: Path(f).stat().st_size)
+    meta = pq.ParquetFile(path).metadata.row_group(0)
+    column = next(meta.column(i) for i in range(meta.num_columns) if meta.column(i).path_in_schema.startswith("embedding"))
+    data = bytearray(Path(path).read_bytes())
+    data[column.data_page_offset + column.total_compressed_size // 2] ^= 0xFF
+    Path(path).write_bytes(bytes(data))
+    unchecked = ds.ParquetFragmentScanOptions(page_checksum_verification=False)
+    assert ds.dataset(path).to_table(fragment_scan_options=unchecked).num_rows > 0  # silently wrong without the CRC
+    with pytest.raises(OSError, match="CRC checksum verification failed"):
+        Snapshot.load(root)
+
+
 def test_history_is_strictly_before_t_and_empty_for_unknown_users(spark):
     ev = spark.createDataFrame([("a", "p", T - timedelta(hours=2)), ("a", "q", T - timedelta(hours=1)),
                                 ("a", "late", T)], "user_id string, item_id string, ts timestamp")
     users = spark.createDataFrame([("a",), ("nobody",)], "user_id string")
-    got = {r.user_id: r.history for r in embed_pairs.histories(ev, users, T, 5).collect()}
+    got = {r.user_id: r.history for r in embed_pairs.histories(ev, users, T, 5, 720).collect()}
     assert got == {"a": ["p", "q"]}  # the event at t is not history; users without events get no row (empty history)
+    bounded = {r.user_id: r.history for r in embed_pairs.histories(ev, users, T, 5, 1.5).collect()}
+    assert bounded == {"a": ["q"]}  # nothing older than the horizon is read
+
+
+def test_the_spark_jobs_build_the_fm_inputs_that_training_builds(spark, lake):
+    """For the pairs of a run at T: the FM inputs from Spark aggregates (precompute, neighbors) and
+    from model.features (training) are the same arrays."""
+    import pandas as pd
+
+    from model import data as mdata
+    from model.features import Vocab, build_examples
+    from model.inference import pair_inputs
+
+    events, items = mdata.events_and_items(lake, "synthetic")
+    users = sorted(events["user_id"].unique())[:12]
+    recent = events[(events["ts"] < T) & (events["ts"] >= pd.Timestamp(T) - pd.Timedelta(hours=1))]
+    item_ids = sorted(recent["item_id"].value_counts().index[:4]) + sorted(items["item_id"])[:3] + ["never_seen"]
+    pairs = pd.DataFrame([(u, i, "1", "2") for u in users for i in item_ids],
+                         columns=["user_id", "item_id", "device", "surface"])
+    vocab = Vocab.fit(pairs, events, items)
+    horizon = 3.0  # hours: shorter than the log, so the bound matters
+    sdf = embed_pairs.with_fm_inputs(spark.createDataFrame(pairs), tbl(spark, lake, "user_events"),
+                                     tbl(spark, lake, "items"), T, 4, horizon)
+    got = sdf.toPandas().assign(ts=pd.Timestamp(T)).sort_values(["user_id", "item_id"]).reset_index(drop=True)
+    spark_x = pair_inputs(got, vocab, 4)
+    req = got.assign(ts=pd.Timestamp(T), label=0, position=None)
+    train_x = build_examples(req, events, vocab, 4, items, horizon, group_by="user_id")
+    for key in ("req", "hist", "hist_cat", "hist_age", "user", "item", "category", "subcategory", "counters", "hour"):
+        np.testing.assert_array_equal(spark_x[key], train_x[key], err_msg=key)
+    assert (train_x["hist"] > 0).any() and (train_x["counters"][:, 0] > 0).any()  # not a comparison of empties
 
 
 def test_wrong_dimension_or_nan_embeddings_are_rejected_before_merge(spark):

@@ -111,7 +111,7 @@ def test_the_http_service_on_the_redis_backend(published, redis_url):
 
     _, snap, _ = published
     store = RedisStore(redis_url, prefix="t")
-    srv = LookupServer(store, "127.0.0.1", 0)
+    srv = LookupServer(store, "127.0.0.1", 0, allow_client_now=True)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
         with LookupClient(srv.url) as c:

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.spark
 # the synthetic log runs 2026-01-05 00:00 .. 12:00; models train before 05:00
 WINDOW = replay.ReplayWindow(datetime(2026, 1, 5, 6), datetime(2026, 1, 5, 9), datetime(2026, 1, 5, 7),
                              datetime(2026, 1, 5, 8))
-EVAL = replay_eval.ReplayEvalConfig(history_len=5, vm_train=TrainConfig(epochs=2, batch_size=256))
+EVAL = replay_eval.ReplayEvalConfig(vm_train=TrainConfig(epochs=2, batch_size=256))
 MAIN, SHORT = "budget0.3_ttl6h", "budget0.3_ttl0.5h"  # 0.5 h: embeddings expire inside the hour they serve
 
 
@@ -206,7 +206,7 @@ def test_bad_windows_and_inputs_are_clear_errors(tmp_path):
     assert p.returncode == 2 and "measure_from <= test_from" in p.stderr
     p = subprocess.run([sys.executable, "-m", "experiments.replay", "--data", "mind", "--input", str(tmp_path),
                         "--sample-fraction", "0.5"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert p.returncode == 2 and "not to MIND" in p.stderr
+    assert p.returncode == 2 and "not to mind" in p.stderr
     p = subprocess.run([sys.executable, "-m", "experiments.replay", "--skip-ingest"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and "ingest a log first" in p.stderr

@@ -3,6 +3,7 @@ under load, fed bad input. Tables are written with delta-rs in the declared sche
 
 import json
 import threading
+from pathlib import Path
 import time
 from datetime import datetime, timedelta
 
@@ -84,7 +85,7 @@ def tables(tmp_path):
 @pytest.fixture
 def server(tables):
     store = OnlineStore(tables, poll_seconds=0.2, miss_flush_seconds=0.2).start()
-    srv = LookupServer(store, "127.0.0.1", 0, max_items=500, max_body_bytes=64 * 1024)
+    srv = LookupServer(store, "127.0.0.1", 0, max_items=500, max_body_bytes=64 * 1024, allow_client_now=True)
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
     yield srv
@@ -221,7 +222,7 @@ def test_a_corrupt_new_version_keeps_the_old_one_serving(server, tables):
 
 def test_missing_tables_at_start_serve_none_and_report_not_ready(tmp_path):
     store = OnlineStore(tmp_path / "nothing_here", poll_seconds=60, record_misses=False).start()
-    srv = LookupServer(store, "127.0.0.1", 0)
+    srv = LookupServer(store, "127.0.0.1", 0, allow_client_now=True)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
         with LookupClient(srv.url) as c:
@@ -321,7 +322,7 @@ def test_sigterm_flushes_the_buffered_misses(tables, tmp_path):
 
     port = free_port()
     cfg = tmp_path / "serve.toml"
-    cfg.write_text(f'[lake]\nroot = "{tables.parent}"\n[serve]\nport = {port}\nmiss_flush_seconds = 3600\n')
+    cfg.write_text(f'[lake]\nroot = "{tables.parent}"\n[serve]\nport = {port}\nmiss_flush_seconds = 3600\nallow_client_now = true\n')
     proc = subprocess.Popen([sys.executable, "-m", "feature_store.serve", "--config", str(cfg)], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -355,3 +356,64 @@ def test_binary_format_round_trips():
 def test_client_raises_with_the_servers_message(server):
     with LookupClient(server.url) as c, pytest.raises(LookupFailed, match="413"):
         c.lookup("u1", ["i"] * 501)
+
+
+def test_a_restarted_replica_serves_the_newest_publication_that_loads(tables):
+    """The newest publication cannot load (a data file of its version is gone): a fresh store serves
+    the one before and says so in its status and in /readyz; a later good one replaces it."""
+    first = DeltaTable(str(tables / "pair_embeddings")).file_uris()
+    write_version(tables, seed=5)
+    publish(tables, "2026-01-05T13:00:00", T + timedelta(hours=1))
+    broken = sorted(set(DeltaTable(str(tables / "pair_embeddings")).file_uris()) - set(first))[0]
+    Path(broken.removeprefix("file://")).unlink()
+    store = OnlineStore(tables, poll_seconds=3600, record_misses=False).start()
+    srv = LookupServer(store, "127.0.0.1", 0, max_items=10, max_body_bytes=4096)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        status = store.status()
+        assert (status["ready"], status["snapshot_run_id"], status["newest_publication"]) == (
+            True, "2026-01-05T12:00:00", "2026-01-05T13:00:00")
+        assert status["serving_older_publication"] and list(status["skipped_publications"]) == ["2026-01-05T13:00:00"]
+        with LookupClient(srv.url) as c:
+            code, _, body = c.request("GET", "/readyz")
+        ready = json.loads(body)
+        assert code == 200 and ready["snapshot"] == "2026-01-05T12:00:00"
+        assert "newer publications failed to load (2026-01-05T13:00:00)" in ready["reason"]
+        write_version(tables, seed=9)
+        publish(tables, "2026-01-05T14:00:00", T + timedelta(hours=2))
+        assert store.poll_once() and store.status()["snapshot_run_id"] == "2026-01-05T14:00:00"
+        assert not store.status()["serving_older_publication"]
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        store.stop()
+
+
+def test_with_no_snapshot_the_store_answers_in_the_configured_dimension(tmp_path):
+    store = OnlineStore(tmp_path / "nothing", dim=24, record_misses=False).start()
+    try:
+        emb, tiers, run = store.lookup("u", ["a", "b"], NOW)
+        assert emb.shape == (2, 24) and not emb.any() and run is None and not store.ready
+    finally:
+        store.stop()
+
+
+def test_a_client_may_not_choose_the_time_unless_the_operator_allows_it(tables):
+    """Back-dated `now` would let a client revive expired rows (and queue misses in the past): by
+    default it is refused with the reason, and a request without it resolves at the clock."""
+    store = OnlineStore(tables, record_misses=False).start()
+    srv = LookupServer(store, "127.0.0.1", 0)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with LookupClient(srv.url, binary=False) as c:
+            code, _, body = c.request("POST", "/v1/lookup", json.dumps(
+                {"user_id": "u3", "item_ids": ["i21"], "now": NOW.isoformat()}).encode(), {"Content-Type": "application/json"})
+            assert code == 400 and "allow_client_now" in json.loads(body)["error"]
+            emb, tiers, _ = c.lookup("u3", ["i21"])  # the clock (2026-12 or later): every test row has expired
+            assert tiers == ["none"] and emb.shape == (1, DIM)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        store.stop()

@@ -1,0 +1,47 @@
+"""Item attribute files (CSV or Parquet) into rows for the ``items`` table.
+
+    item_id[,category][,subcategory][,title]     (other columns are ignored; names may be mapped)
+
+Used by the impression-log and click-log adapters (``--items PATH``). A row without an item id,
+or repeating an item id already seen in the file, lands in the quarantine with its reason; the
+first row of an item wins. Item attributes are taken as static: an item's category is the same at
+every time, so reading them needs no point-in-time care.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
+
+ATTRIBUTES = ("category", "subcategory", "title")
+
+
+def parse_items(raw: DataFrame, source: str, mapping: dict[str, str] | None = None) -> DataFrame:
+    """Raw string columns -> item_id, attributes, source, raw, reason (null when the row is good)."""
+    from spark_jobs.ingest_clicklog import CORRUPT, InputError
+
+    m = {"item_id": "item_id", **{a: a for a in ATTRIBUTES}, **(mapping or {})}
+    have = [c for c in raw.columns if c != CORRUPT]
+    if m["item_id"] not in have:
+        raise InputError(f"item file lacks an item id column {m['item_id']!r}; it has {have}")
+    col = lambda c: F.trim(F.col(f"`{m[c]}`")) if m[c] in have else F.lit(None).cast("string")  # noqa: E731
+    raw_text = F.to_json(F.struct(*[F.col(f"`{c}`") for c in have]))
+    if CORRUPT in raw.columns:
+        raw_text = F.coalesce(F.col(CORRUPT), raw_text)
+    reason = (F.when(F.col(CORRUPT).isNotNull(), F.lit("malformed item record: wrong number of fields"))
+              if CORRUPT in raw.columns else F.when(F.lit(False), F.lit(None)))
+    reason = reason.when(col("item_id").isNull() | (col("item_id") == ""), F.lit("missing item_id"))
+    parsed = raw.select(col("item_id").alias("item_id"), *[F.nullif(col(a), F.lit("")).alias(a) for a in ATTRIBUTES],
+                        raw_text.alias("raw"), reason.alias("reason"))
+    w = Window.partitionBy("item_id", F.col("reason").isNull()).orderBy("raw")
+    first = F.when(F.col("reason").isNull(), F.row_number().over(w))
+    return (parsed.withColumn("_n", first)
+            .withColumn("reason", F.when(F.col("_n") > 1, F.lit("repeated item_id in item file")).otherwise(F.col("reason")))
+            .drop("_n").withColumn("source", F.lit(source)))
+
+
+def read_items(spark, path: str, source: str, fmt: str = "csv") -> DataFrame:
+    """The item file at ``path`` parsed (see ``parse_items``)."""
+    from spark_jobs.ingest_clicklog import read_raw
+
+    return parse_items(read_raw(spark, path, fmt), source)
