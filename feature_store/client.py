@@ -38,7 +38,8 @@ class LookupClient:
         return self._conn
 
     def request(self, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
-        """(status, headers, body); reconnects once if the kept-alive connection was closed."""
+        """(status, headers with lower-case names, body); reconnects once if the kept-alive
+        connection was closed."""
         for attempt in (0, 1):
             conn = self._connection()
             try:
@@ -47,7 +48,7 @@ class LookupClient:
                 data = resp.read()
                 if resp.will_close:
                     self.close()
-                return resp.status, dict(resp.getheaders()), data
+                return resp.status, {k.lower(): v for k, v in resp.getheaders()}, data
             except (ConnectionError, http.client.RemoteDisconnected, http.client.CannotSendRequest):
                 self.close()
                 if attempt:
@@ -64,8 +65,8 @@ class LookupClient:
         status, resp_headers, data = self.request("POST", "/v1/lookup", json.dumps(req).encode(), headers)
         if status != 200:
             raise LookupFailed(status, json.loads(data).get("error", data.decode(errors="replace")))
-        snapshot = resp_headers.get("X-Solaris-Snapshot") or None
-        if resp_headers.get("Content-Type") == BINARY_TYPE:
+        snapshot = resp_headers.get("x-solaris-snapshot") or None
+        if resp_headers.get("content-type", "").split(";")[0].strip() == BINARY_TYPE:
             emb, codes = decode_binary(data)
             return emb, [TIERS[c] for c in codes], snapshot
         body = json.loads(data)

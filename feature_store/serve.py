@@ -11,11 +11,19 @@ Endpoints (all on loopback by default):
   ``GET /metrics`` (Prometheus text: requests by status, latency histogram, tiers served, snapshot
   version and age, misses, reloads), ``GET /v1/status`` (the same as JSON).
 
-Limits: ``--max-items`` per request (413 above), ``--max-body-bytes`` (413). Malformed JSON, a
-missing or non-string user id, non-string item ids, and ids that cannot be stored
-(``feature_store/ids.py``: empty, over 256 characters, control characters, lone surrogates) get
-400 with the reason. Unknown users and
-items are answered (tier ``none``); duplicate items are answered per position.
+Limits: ``--max-items`` per request (413 above), ``--max-body-bytes`` (413). Malformed JSON (also
+nested too deeply, or integers too long), a missing or non-string user id, non-string item ids,
+ids that cannot be stored (``feature_store/ids.py``: empty, over 256 characters, control
+characters, lone surrogates) and a ``now`` that is not an ISO time in range get 400 with the
+reason; ``now`` at all only where ``[serve] allow_client_now`` is on. Unknown users and items are
+answered (tier ``none``); duplicate items are answered per position.
+
+The server is uvicorn (asyncio; httptools' C parser, which refuses malformed, duplicated or
+conflicting Content-Length and Transfer-Encoding headers with 400) running a starlette app, with a
+bounded listen backlog, at most ``[serve] max_connections`` connections (503 beyond), a deadline
+per request (``request_timeout_seconds``: headers and body must arrive whole in time, or the
+connection is closed and nothing of it is processed), a keep-alive timeout and a graceful shutdown
+on SIGTERM or Ctrl-C that finishes requests in flight and then flushes the buffered misses.
 """
 
 from __future__ import annotations
@@ -28,7 +36,6 @@ import sys
 import threading
 import time
 from datetime import datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 
@@ -52,7 +59,9 @@ def parse_request(body: bytes, max_items: int, allow_now: bool = False) -> tuple
     to resolve at) is accepted only with ``allow_now``, the operator's ``[serve] allow_client_now``."""
     try:
         req = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except RecursionError as e:
+        raise BadRequest(400, "malformed JSON: nested too deeply") from e
+    except (ValueError, UnicodeDecodeError) as e:  # incl. integers too long to convert
         raise BadRequest(400, f"malformed JSON: {e}") from e
     if not isinstance(req, dict):
         raise BadRequest(400, "the body must be a JSON object with user_id and item_ids")
@@ -80,8 +89,8 @@ def parse_request(body: bytes, max_items: int, allow_now: bool = False) -> tuple
             from include.cli import parse_time
 
             now = parse_time(now)
-        except ValueError as e:
-            raise BadRequest(400, str(e)) from e
+        except (ValueError, OverflowError) as e:  # not ISO, or out of the representable range in UTC
+            raise BadRequest(400, f"now: {e}") from e
     return user, items, now
 
 
@@ -130,95 +139,178 @@ class Metrics:
         return "\n".join(lines) + "\n"
 
 
-def make_handler(store, metrics: Metrics, max_items: int, max_body_bytes: int, allow_client_now: bool = False):
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keep-alive: clients reuse one connection
-        # Headers and body go out in separate writes; with Nagle on, the body waits for the
-        # client's delayed ACK (~40 ms on Linux) on every kept-alive request.
-        disable_nagle_algorithm = True
-
-        def log_message(self, fmt, *args):  # requests are counted in /metrics, not logged one by one
-            pass
-
-        def _send(self, status: int, body: bytes, content_type: str = "application/json", headers=()):
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            for k, v in headers:
-                self.send_header(k, v)
-            self.end_headers()
-            self.wfile.write(body)
-
-        def _json(self, status: int, obj) -> None:
-            self._send(status, json.dumps(obj).encode())
-
-        def do_GET(self):
-            if self.path == "/healthz":
-                return self._json(200, {"ok": True})
-            status = store.status()
-            if self.path == "/readyz":
-                older = status.get("serving_older_publication")
-                return self._json(200 if status["ready"] else 503,
-                                  {"ready": status["ready"], "snapshot": status["snapshot_run_id"],
-                                   "newest_publication": status.get("newest_publication"),
-                                   "reason": (f"serving an older snapshot: newer publications failed to load "
-                                              f"({', '.join(sorted(status.get('skipped_publications', {})))})")
-                                   if older else None if status["ready"] else
-                                   (status["last_error"] or "no published snapshot yet")})
-            if self.path == "/metrics":
-                return self._send(200, metrics.prometheus(status).encode(), "text/plain; version=0.0.4")
-            if self.path == "/v1/status":
-                return self._json(200, status)
-            return self._json(404, {"error": f"no such path {self.path}"})
-
-        def do_POST(self):
-            started = time.perf_counter()
-            tiers = None
-            try:
-                length = self.headers.get("Content-Length")
-                if length is None or not length.isdigit():
-                    self.close_connection = True  # where the body ends is unknown: the connection cannot be reused
-                    raise BadRequest(411, "Content-Length is required")
-                if int(length) > max_body_bytes:
-                    self.close_connection = True  # the body is not read: the connection cannot be reused
-                    raise BadRequest(413, f"body of {length} bytes is over the {max_body_bytes}-byte limit")
-                body = self.rfile.read(int(length))  # read before any other answer, so keep-alive stays in step
-                if self.path.split("?")[0] != "/v1/lookup":
-                    raise BadRequest(404, f"no such path {self.path}")
-                user, items, now = parse_request(body, max_items, allow_client_now)
-                emb, tiers, run_id = store.lookup(user, items, now)
-                headers = [("X-Solaris-Snapshot", run_id or "")]
-                if BINARY_TYPE in (self.headers.get("Accept") or "") or self.path.endswith("format=binary"):
-                    self._send(200, encode_binary(emb, tiers), BINARY_TYPE, headers)
-                else:
-                    body = {"snapshot": run_id, "dim": int(emb.shape[1]),
-                            "tiers": [TIERS[t] for t in tiers], "embeddings": emb.tolist()}
-                    self._send(200, json.dumps(body).encode(), headers=headers)
-                status = 200
-            except BadRequest as e:
-                status = e.status
-                self._json(status, {"error": str(e)})
-            except Exception as e:  # never let one request take the server down
-                logging.getLogger("solaris.serve").exception("lookup failed")
-                status = 500
-                self._json(500, {"error": f"{type(e).__name__}: {e}"})
-            metrics.observe(status, (time.perf_counter() - started) * 1000, tiers)
-
-    return Handler
+class RequestTooSlow(Exception):
+    """The connection was closed because its request did not arrive whole in time."""
 
 
-class LookupServer(ThreadingHTTPServer):
-    daemon_threads = True
+async def read_body(request, max_body_bytes: int) -> bytes:
+    """The request body, refused with 411 without a Content-Length (where it ends is unknown) and
+    413 above the limit, before a byte of it is read."""
+    length = request.headers.get("content-length")
+    if length is None:
+        raise BadRequest(411, "Content-Length is required")
+    if int(length) > max_body_bytes:  # the HTTP parser has checked it is one decimal number
+        raise BadRequest(413, f"body of {length} bytes is over the {max_body_bytes}-byte limit")
+    from starlette.requests import ClientDisconnect
+
+    try:
+        return await request.body()
+    except ClientDisconnect as e:  # the deadline closed it, or the client went away mid-body
+        raise RequestTooSlow() from e
+
+
+def build_app(store, metrics: Metrics, max_items: int = 1000, max_body_bytes: int = 1 << 20,
+              allow_client_now: bool = False):
+    """The ASGI application: lookup, health, readiness, metrics and status; JSON errors throughout."""
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    def error(status: int, message: str, **headers) -> JSONResponse:
+        return JSONResponse({"error": message}, status_code=status, headers=headers or None)
+
+    async def lookup(request):
+        started = time.perf_counter()
+        tiers, status = None, 200
+        try:
+            body = await read_body(request, max_body_bytes)
+            user, items, now = parse_request(body, max_items, allow_client_now)
+            emb, tiers, run_id = store.lookup(user, items, now)
+            headers = {"X-Solaris-Snapshot": run_id or ""}
+            if BINARY_TYPE in request.headers.get("accept", "") or request.query_params.get("format") == "binary":
+                response = Response(encode_binary(emb, tiers), media_type=BINARY_TYPE, headers=headers)
+            else:
+                response = JSONResponse({"snapshot": run_id, "dim": int(emb.shape[1]),
+                                         "tiers": [TIERS[t] for t in tiers], "embeddings": emb.tolist()},
+                                        headers=headers)
+        except BadRequest as e:
+            status, response = e.status, error(e.status, str(e))
+        except RequestTooSlow:
+            status, response = 408, Response(status_code=408)  # nobody is left to read it
+        except Exception as e:  # never let one request take the server down
+            log.exception("lookup failed")
+            status, response = 500, error(500, f"{type(e).__name__}: {e}")
+        metrics.observe(status, (time.perf_counter() - started) * 1000, tiers)
+        return response
+
+    async def healthz(request):
+        return JSONResponse({"ok": True})
+
+    async def readyz(request):
+        status = store.status()
+        older = status.get("serving_older_publication")
+        reason = (f"serving an older snapshot: newer publications failed to load "
+                  f"({', '.join(sorted(status.get('skipped_publications', {})))})" if older else
+                  None if status["ready"] else (status["last_error"] or "no published snapshot yet"))
+        return JSONResponse({"ready": status["ready"], "snapshot": status["snapshot_run_id"],
+                             "newest_publication": status.get("newest_publication"), "reason": reason},
+                            status_code=200 if status["ready"] else 503)
+
+    async def prometheus(request):
+        return Response(metrics.prometheus(store.status()), media_type="text/plain; version=0.0.4")
+
+    async def status(request):
+        return JSONResponse(store.status())
+
+    async def http_error(request, exc: HTTPException):
+        if exc.status_code == 404:
+            return error(404, f"no such path {request.url.path}")
+        return error(exc.status_code, exc.detail, **(exc.headers or {}))
+
+    routes = [Route("/v1/lookup", lookup, methods=["POST"]), Route("/healthz", healthz, methods=["GET"]),
+              Route("/readyz", readyz, methods=["GET"]), Route("/metrics", prometheus, methods=["GET"]),
+              Route("/v1/status", status, methods=["GET"])]  # GET routes answer HEAD too
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+
+
+def deadline_protocol(request_timeout: float):
+    """uvicorn's httptools protocol with a deadline on every request: from a connection's first byte
+    (and from each kept-alive request's first byte) to its last, at most ``request_timeout``
+    seconds, or the connection is closed. Slow headers, a body shorter than its Content-Length, a
+    TLS hello on the plain port or a silent connection then cost a socket for seconds, not for ever;
+    an idle kept-alive connection is closed by uvicorn's keep-alive timeout."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class DeadlineProtocol(HttpToolsProtocol):
+        _deadline = None
+
+        def connection_made(self, transport):
+            super().connection_made(transport)
+            self._arm()
+
+        def _arm(self):
+            self._disarm()
+            self._deadline = self.loop.call_later(request_timeout, self._expired)
+
+        def _disarm(self):
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _expired(self):
+            self._deadline = None
+            if not self.transport.is_closing():
+                self.transport.close()
+
+        def on_message_begin(self):
+            self._arm()
+            super().on_message_begin()
+
+        def on_message_complete(self):
+            self._disarm()
+            super().on_message_complete()
+
+        def connection_lost(self, exc):
+            self._disarm()
+            super().connection_lost(exc)
+
+    return DeadlineProtocol
+
+
+class LookupServer:
+    """The lookup app under uvicorn (asyncio, httptools' C parser): bounded backlog and connection
+    count (503 beyond it), a deadline per request, a keep-alive timeout and a graceful shutdown
+    that lets requests in flight finish. ``serve_forever`` runs it (in the main thread it also
+    handles SIGTERM and Ctrl-C); ``shutdown`` stops it from another thread."""
 
     def __init__(self, store, host: str = "127.0.0.1", port: int = 8765, max_items: int = 1000,
-                 max_body_bytes: int = 1 << 20, allow_client_now: bool = False):
+                 max_body_bytes: int = 1 << 20, allow_client_now: bool = False, request_timeout: float = 10.0,
+                 keepalive_seconds: int = 5, max_connections: int = 1000, backlog: int = 2048):
+        import socket
+
+        import uvicorn
+
         self.store, self.metrics = store, Metrics()
-        super().__init__((host, port), make_handler(store, self.metrics, max_items, max_body_bytes, allow_client_now))
+        app = build_app(store, self.metrics, max_items, max_body_bytes, allow_client_now)
+        self.socket = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.socket.bind((host, port))  # bound now, so the port (0: any free one) is known at once
+        self.socket.listen(backlog)  # and listening: connections wait in the backlog until uvicorn runs
+        config = uvicorn.Config(app, lifespan="off", access_log=False, log_level="warning", server_header=False,
+                                http=deadline_protocol(request_timeout), backlog=backlog,
+                                limit_concurrency=max_connections, timeout_keep_alive=keepalive_seconds,
+                                timeout_graceful_shutdown=10)
+        self.server = uvicorn.Server(config)
+        self._done = threading.Event()
 
     @property
     def url(self) -> str:
-        host, port = self.server_address[:2]
-        return f"http://{host}:{port}"
+        host, port = self.socket.getsockname()[:2]
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+    def serve_forever(self) -> None:
+        try:
+            self.server.run(sockets=[self.socket])
+        finally:
+            self._done.set()
+
+    def shutdown(self, timeout: float = 15.0) -> None:
+        self.server.should_exit = True
+        self._done.wait(timeout)
+
+    def server_close(self) -> None:
+        self.socket.close()
 
 
 def configured_dim(cfg) -> int | None:
@@ -268,18 +360,21 @@ def main(argv: list[str] | None = None) -> int:
         store = OnlineStore(cfg.lake.tables_path, dim=configured_dim(cfg), poll_seconds=sc.poll_seconds,
                             record_misses=sc.record_misses,
                             miss_flush_seconds=sc.miss_flush_seconds).start()
-    server = LookupServer(store, sc.host, sc.port, sc.max_items, sc.max_body_bytes, sc.allow_client_now)
+    server = LookupServer(store, sc.host, sc.port, sc.max_items, sc.max_body_bytes, sc.allow_client_now,
+                          sc.request_timeout_seconds, sc.keepalive_seconds, sc.max_connections, sc.backlog)
     print(f"SOLARIS lookup on {server.url} ({sc.backend}; snapshot {store.status()['snapshot_run_id'] or 'none yet'})",
           flush=True)
-    # SIGTERM (docker stop, systemd, Kubernetes) ends the server like Ctrl-C: the miss buffer is flushed.
-    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
+    # uvicorn handles SIGTERM (docker stop, systemd, Kubernetes) and Ctrl-C while it runs, finishes the
+    # requests in flight, then re-raises the signal under the handler that was there before it: this
+    # one, so that the process goes on to flush the buffered misses instead of dying at once.
+    signal.signal(signal.SIGTERM, lambda *_: None)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
         server.server_close()
-        store.stop()
+        store.stop()  # flushes the buffered misses
     return 0
 
 

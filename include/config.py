@@ -169,8 +169,17 @@ class ServeConfig:
     # A request may say which time to resolve at (``now``) only where the operator allows it, for
     # replays: otherwise a client could back-date requests to make expired or future rows count.
     allow_client_now: bool = False
+    # the HTTP server (uvicorn): how long a request may take to arrive whole, how long an idle
+    # kept-alive connection stays open, how many connections at once (503 beyond), the listen backlog
+    request_timeout_seconds: float = 10.0
+    keepalive_seconds: int = 5
+    max_connections: int = 1000
+    backlog: int = 2048
 
     def __post_init__(self):
+        if self.request_timeout_seconds <= 0 or self.keepalive_seconds < 0 or self.max_connections < 1 or self.backlog < 1:
+            raise ConfigError("[serve] request_timeout_seconds must be > 0, keepalive_seconds >= 0, "
+                              "max_connections and backlog >= 1")
         if self.dim < 0:
             raise ConfigError(f"[serve] dim must be >= 0, got {self.dim}")
         if self.backend not in ("embedded", "redis"):

@@ -61,6 +61,7 @@ class ClickLogSpec:
     source: str
     mapping: dict[str, str] = field(default_factory=dict)  # SOLARIS column -> input column
     ts_unit: str = "ms"  # ms | s | iso
+    encoding: str = "utf-8"  # of CSV input
 
     def __post_init__(self):
         check_spec(self.mapping, self.ts_unit, REQUIRED, CONTEXT + ATTRIBUTES)
@@ -89,12 +90,43 @@ def parse_map(text: str | None, mapping: dict[str, str]) -> dict[str, str]:
     return mapping
 
 
+# Epoch values past 9999-12-31 are no time at all; converting them overflows (and would stop the job).
+MAX_EPOCH = {"ms": 253_402_300_799_999, "s": 253_402_300_799}
+MAX_ID_LENGTH = 256  # as the lookup's ids (feature_store/ids.py)
+
+
 def parse_timestamp(col, unit: str):
-    if unit == "ms":
-        return F.timestamp_millis(col.try_cast("bigint"))
-    if unit == "s":
-        return F.timestamp_seconds(col.try_cast("bigint"))
+    """The time of ``col`` in ``unit``; NULL when it is not one (unparsable or out of range)."""
+    if unit in MAX_EPOCH:
+        v = col.try_cast("bigint")
+        v = F.when(F.abs(v) <= F.lit(MAX_EPOCH[unit]), v)
+        return F.timestamp_millis(v) if unit == "ms" else F.timestamp_seconds(v)
     return F.try_to_timestamp(col)
+
+
+def id_problem(col, name: str):
+    """Why ``col`` cannot be an id (over MAX_ID_LENGTH characters, a control character), or NULL."""
+    return (F.when(F.length(col) > MAX_ID_LENGTH,
+                   F.concat(F.lit(f"{name} over {MAX_ID_LENGTH} characters: "), F.length(col).cast("string")))
+            .when(col.rlike("[\\x00-\\x1f\\x7f]"), F.concat(F.lit(f"{name} holds a control character: "), F.to_json(F.array(col)))))
+
+
+UNDECODABLE = "\ufffd"  # what a byte that is not valid in the read encoding becomes
+
+
+def read_error(path: str, fmt: str, e: Exception) -> InputError:
+    """A failed read (truncated gzip, an unreadable file) as one clear line naming its cause."""
+    text = str(e)
+    causes = [line.split("Caused by: ", 1)[1] for line in text.splitlines() if "Caused by: " in line]
+    cause = causes[-1] if causes else text.strip().splitlines()[0] if text.strip() else type(e).__name__
+    return InputError(f"{path}: cannot be read as {fmt}: {cause[:300]}")
+
+
+def blank_lines(spark, path: str) -> DataFrame:
+    """(raw, reason) of the input's lines that hold only whitespace: the CSV reader skips them, so
+    they are quarantined here, counted like every other record."""
+    return (spark.read.text(path).where(F.trim("value") == "")
+            .select(F.col("value").alias("raw"), F.lit("blank line").alias("reason")))
 
 
 def parse_clicks(raw: DataFrame, spec: ClickLogSpec, quality) -> DataFrame:
@@ -111,8 +143,11 @@ def parse_clicks(raw: DataFrame, spec: ClickLogSpec, quality) -> DataFrame:
     reason = F.when(F.col(CORRUPT).isNotNull(), F.lit("malformed record: wrong number of fields")) \
         if CORRUPT in raw.columns else F.when(F.lit(False), F.lit(None))
     reason = (reason
+              .when(raw_text.contains(UNDECODABLE), F.lit(f"undecodable bytes: not {spec.encoding} text, give --encoding"))
               .when(blank("user_id"), F.lit("missing user_id"))
               .when(blank("item_id"), F.lit("missing item_id"))
+              .when(id_problem(src("user_id"), "user_id").isNotNull(), id_problem(src("user_id"), "user_id"))
+              .when(id_problem(src("item_id"), "item_id").isNotNull(), id_problem(src("item_id"), "item_id"))
               .when(blank("ts"), F.lit("missing timestamp"))
               .when(ts.isNull(), F.concat(F.lit(f"unparsable timestamp ({spec.ts_unit}): "), src("ts")))
               .when((ts < F.lit(quality.min_ts).cast("timestamp")) | (ts >= F.lit(quality.max_ts).cast("timestamp")),
@@ -132,8 +167,10 @@ def mark_duplicates(parsed: DataFrame) -> DataFrame:
                              .otherwise(F.col("reason"))).drop("_n")
 
 
-def read_raw(spark, path: str, fmt: str) -> DataFrame:
-    """Read every column as a string; CSV keeps lines it cannot split in _corrupt_record."""
+def read_raw(spark, path: str, fmt: str, encoding: str = "utf-8") -> DataFrame:
+    """Read every column as a string; CSV keeps lines it cannot split in _corrupt_record (also a
+    line of far more fields than the header: the parser's column limit is raised so that such a
+    line is one malformed record, not the end of the job)."""
     require_path(spark, path)
     if fmt == "parquet":
         df = spark.read.parquet(path)
@@ -142,14 +179,24 @@ def read_raw(spark, path: str, fmt: str) -> DataFrame:
         return df.select([F.col(f"`{c}`").cast("string").alias(c) for c in df.columns])
     if fmt != "csv":
         raise InputError(f"format must be csv or parquet, got {fmt!r}")
-    header = spark.read.option("header", True).csv(path).columns
+    reader = spark.read.option("header", True).option("encoding", encoding).option("maxColumns", 1_000_000)
+    if encoding.replace("-", "").lower() not in ("utf8", "ascii"):
+        # Spark splits lines on the byte 0x0A before decoding, which cuts multi-byte encodings
+        # (UTF-16) mid-character; read each file whole and decode it instead.
+        reader = reader.option("multiLine", True)
+    try:
+        header = reader.csv(path).columns
+    except Exception as e:  # a truncated gzip, an unreadable file
+        raise read_error(path, fmt, e) from e
     if not header:
         raise InputError(f"{path}: CSV input is empty (no header line)")
+    if any("\x00" in c or UNDECODABLE in c for c in header):
+        raise InputError(f"{path}: the header is not {encoding} text (UTF-16? binary?): give --encoding, "
+                         f"e.g. --encoding utf-16")
     from pyspark.sql.types import StringType, StructField, StructType
 
     schema = StructType([StructField(c, StringType()) for c in header] + [StructField(CORRUPT, StringType())])
-    return (spark.read.option("header", True).option("mode", "PERMISSIVE")
-            .option("columnNameOfCorruptRecord", CORRUPT).schema(schema).csv(path))
+    return (reader.option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT).schema(schema).csv(path))
 
 
 def require_path(spark, path: str) -> None:
@@ -174,6 +221,20 @@ def check_columns(raw: DataFrame, spec, path: str, required: tuple[str, ...] = R
     return replace(spec, mapping={k: v for k, v in spec.mapping.items() if v in have})
 
 
+def count_records(spark, parsed: DataFrame, path: str, fmt: str) -> tuple[int, DataFrame]:
+    """(records read, including blank lines; the blank lines as quarantine rows). A read that fails
+    here (a truncated gzip, a file that is no CSV) is one clear ``InputError``."""
+    try:
+        n = parsed.count()
+        blanks = blank_lines(spark, path) if fmt == "csv" else parsed.limit(0).select("raw", "reason")
+        n_blank = blanks.count()
+    except Exception as e:
+        raise read_error(path, fmt, e) from e
+    if n == 0:
+        raise InputError(f"{path}: input has a header but no records")
+    return n + n_blank, blanks
+
+
 def click_items(clicks: DataFrame, spec: ClickLogSpec) -> DataFrame | None:
     """Item attributes carried by the click rows (mapped ``ATTRIBUTES``), the earliest click's per item."""
     from pyspark.sql import Window
@@ -192,16 +253,15 @@ def ingest(spark, cfg, path: str, spec: ClickLogSpec, fmt: str = "csv", items_pa
     from spark_jobs.ingest_load import quarantine_rows, write_ingest
 
     started = time.perf_counter()
-    raw = read_raw(spark, path, fmt)
+    raw = read_raw(spark, path, fmt, spec.encoding)
     spec = check_columns(raw, spec, path)
     # Spark refuses queries over only _corrupt_record of an uncached CSV scan; cache once, read twice.
     parsed = mark_duplicates(parse_clicks(raw, spec, cfg.quality)).persist()
     try:
-        records_in = parsed.count()
-        if records_in == 0:
-            raise InputError(f"{path}: input has a header but no records")
+        records_in, blanks = count_records(spark, parsed, path, fmt)
         ingested_at = lake.utc_now()  # bookkeeping, not data selection
-        bad = quarantine_rows(parsed.where(F.col("reason").isNotNull()), spec.source, path, ingested_at)
+        bad = quarantine_rows(parsed.where(F.col("reason").isNotNull()).select("raw", "reason").unionByName(blanks),
+                              spec.source, path, ingested_at)
         clicks = parsed.where(F.col("reason").isNull()).drop("raw", "reason")
         items, other_inputs = click_items(clicks, spec), ()
         if items_path:
@@ -255,6 +315,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--map", help="comma list of solaris_col=input_col overriding the preset")
     p.add_argument("--ts-unit", choices=["ms", "s", "iso"], help="timestamp unit (default: the preset's)")
     p.add_argument("--items", help="item attribute file: item_id, category, subcategory, title")
+    p.add_argument("--encoding", default="utf-8", help="character encoding of CSV input (default utf-8)")
     p.add_argument("--config", help="SOLARIS TOML config")
     return p.parse_args(argv)
 
@@ -263,7 +324,7 @@ def spec_from_args(args: argparse.Namespace, cfg) -> ClickLogSpec:
     preset = PRESETS[args.preset]
     mapping = parse_map(args.map, preset["mapping"])
     return ClickLogSpec(source=args.source or preset["source"], mapping=mapping,
-                        ts_unit=args.ts_unit or preset["ts_unit"])
+                        ts_unit=args.ts_unit or preset["ts_unit"], encoding=getattr(args, "encoding", "utf-8"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -272,9 +333,12 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
     cfg = load_config(args.config)
-    spec = spec_from_args(args, cfg)
-    spark = get_spark(cfg)
-    report = ingest(spark, cfg, args.input, spec, args.format, args.items)
+    try:
+        spec = spec_from_args(args, cfg)
+        report = ingest(get_spark(cfg), cfg, args.input, spec, args.format, args.items)
+    except InputError as e:  # one clear line, nothing written
+        print(f"python -m spark_jobs.ingest_clicklog: error: {e}", file=sys.stderr)
+        return 2
     print("\n".join(report.lines(cfg.lake.database)))
     return 0
 

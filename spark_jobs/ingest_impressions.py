@@ -32,8 +32,9 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from feature_store import lake
-from spark_jobs.ingest_clicklog import (CONTEXT, CORRUPT, InputError, check_columns, check_spec, parse_map,
-                                        parse_timestamp, read_raw, require_path)
+from spark_jobs.ingest_clicklog import (CONTEXT, CORRUPT, UNDECODABLE, InputError, check_columns, check_spec,
+                                        count_records, id_problem, parse_map, parse_timestamp, read_raw,
+                                        require_path)
 
 REQUIRED = ("request_id", "user_id", "item_id", "ts", "label")
 OPTIONAL = ("position", "conversion", *CONTEXT)
@@ -44,6 +45,7 @@ class ImpressionLogSpec:
     source: str = "impressions"
     mapping: dict[str, str] = field(default_factory=lambda: {c: c for c in REQUIRED + OPTIONAL})
     ts_unit: str = "ms"  # ms | s | iso
+    encoding: str = "utf-8"  # of CSV input
 
     def __post_init__(self):
         check_spec(self.mapping, self.ts_unit, REQUIRED, OPTIONAL)
@@ -64,9 +66,12 @@ def parse_impressions(raw: DataFrame, spec: ImpressionLogSpec, quality) -> DataF
     reason = (F.when(F.col(CORRUPT).isNotNull(), F.lit("malformed record: wrong number of fields"))
               if CORRUPT in raw.columns else F.when(F.lit(False), F.lit(None)))
     reason = (reason
+              .when(raw_text.contains(UNDECODABLE), F.lit(f"undecodable bytes: not {spec.encoding} text, give --encoding"))
               .when(blank("request_id"), F.lit("missing request_id"))
               .when(blank("user_id"), F.lit("missing user_id"))
               .when(blank("item_id"), F.lit("missing item_id"))
+              .when(id_problem(src("user_id"), "user_id").isNotNull(), id_problem(src("user_id"), "user_id"))
+              .when(id_problem(src("item_id"), "item_id").isNotNull(), id_problem(src("item_id"), "item_id"))
               .when(blank("ts"), F.lit("missing timestamp"))
               .when(ts.isNull(), F.concat(F.lit(f"unparsable timestamp ({spec.ts_unit}): "), src("ts")))
               .when((ts < F.lit(quality.min_ts).cast("timestamp")) | (ts >= F.lit(quality.max_ts).cast("timestamp")),
@@ -111,15 +116,14 @@ def ingest(spark, cfg, path: str, spec: ImpressionLogSpec, fmt: str = "csv", ite
     from spark_jobs.ingest_load import quarantine_rows, write_ingest
 
     started = time.perf_counter()
-    raw = read_raw(spark, path, fmt)
+    raw = read_raw(spark, path, fmt, spec.encoding)
     spec = check_columns(raw, spec, path, REQUIRED)
     parsed = mark_inconsistent(parse_impressions(raw, spec, cfg.quality)).persist()
     try:
-        records_in = parsed.count()
-        if records_in == 0:
-            raise InputError(f"{path}: input has a header but no records")
+        records_in, blanks = count_records(spark, parsed, path, fmt)
         ingested_at = lake.utc_now()  # bookkeeping, not data selection
-        quarantine = quarantine_rows(parsed.where(F.col("reason").isNotNull()), spec.source, path, ingested_at)
+        quarantine = quarantine_rows(parsed.where(F.col("reason").isNotNull()).select("raw", "reason").unionByName(blanks),
+                                     spec.source, path, ingested_at)
         good = parsed.where(F.col("reason").isNull()).drop("raw", "reason")
         requests = to_requests(good, spec.source)
         clicks = good.where(F.col("label") == 1)
@@ -164,13 +168,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--ts-unit", choices=["ms", "s", "iso"], default="ms", help="timestamp unit (default ms)")
     p.add_argument("--items", help="item attribute file: item_id, category, subcategory, title")
     p.add_argument("--truth", help="known click probabilities of a simulated log, for the evaluation only")
+    p.add_argument("--encoding", default="utf-8", help="character encoding of CSV input (default utf-8)")
     p.add_argument("--config", help="SOLARIS TOML config")
     return p.parse_args(argv)
 
 
 def spec_from_args(args: argparse.Namespace) -> ImpressionLogSpec:
     mapping = parse_map(args.map, {c: c for c in REQUIRED + OPTIONAL})
-    return replace(ImpressionLogSpec(), source=args.source, mapping=mapping, ts_unit=args.ts_unit)
+    return replace(ImpressionLogSpec(), source=args.source, mapping=mapping, ts_unit=args.ts_unit, encoding=args.encoding)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,9 +184,12 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
     cfg = load_config(args.config)
-    spec = spec_from_args(args)
-    spark = get_spark(cfg)
-    report = ingest(spark, cfg, args.input, spec, args.format, args.items, args.truth)
+    try:
+        spec = spec_from_args(args)
+        report = ingest(get_spark(cfg), cfg, args.input, spec, args.format, args.items, args.truth)
+    except InputError as e:  # one clear line, nothing written
+        print(f"python -m spark_jobs.ingest_impressions: error: {e}", file=sys.stderr)
+        return 2
     print("\n".join(report.lines(cfg.lake.database)))
     return 0
 

@@ -58,7 +58,7 @@ class IngestReport:
     popularity_auc: float | None = None  # single-feature AUCs of generated candidates (click logs only)
     position_auc: float | None = None
     events_already_present: int = 0  # events another input had already brought (kept once)
-    reasons: tuple[tuple[str, int], ...] = ()  # quarantine counts by reason (the text before any ': value')
+    reasons: tuple[tuple[str, int], ...] = ()  # quarantine counts by reason category
 
     def lines(self, database: str) -> list[str]:
         return [*self._lines(database), *self.quarantine_lines(), *self.leak_lines()]
@@ -98,9 +98,12 @@ class IngestReport:
 
 
 def quarantine_rows(raw: DataFrame, source: str, input_path: str, ingested_at: datetime) -> DataFrame:
-    """``raw`` has columns raw, reason; add the run's identity."""
-    return raw.select("raw", F.lit(source).alias("source"), F.lit(input_path).alias("input_path"), "reason",
-                      F.lit(ingested_at).cast("timestamp").alias("ingested_at"))
+    """``raw`` has columns raw, reason (``category`` or ``category: value``); add the run's identity
+    and split the reason into its stable category and the offending value."""
+    parts = F.split("reason", ": ", 2)
+    return raw.select("raw", F.lit(source).alias("source"), F.lit(input_path).alias("input_path"),
+                      parts[0].alias("reason"), F.lit(ingested_at).cast("timestamp").alias("ingested_at"),
+                      F.get(parts, 1).alias("value"))
 
 
 def write_ingest(spark, cfg, *, source: str, input_path: str, records_in: int, requests: DataFrame,
@@ -157,7 +160,7 @@ def write_ingest(spark, cfg, *, source: str, input_path: str, records_in: int, r
             from spark_jobs.candidates import leak_statistics
 
             leak = leak_statistics(requests, pool_clicks)
-        reasons = (quarantine.groupBy(F.split("reason", ": ", 2)[0].alias("r")).count()
+        reasons = (quarantine.groupBy(F.col("reason").alias("r")).count()
                    .orderBy(F.desc("count"), "r").collect())
         report = IngestReport(
             **leak, reasons=tuple((r.r, r["count"]) for r in reasons), events_already_present=events_present, run_id=run_id, source=source, input_path=input_path, records_in=records_in,

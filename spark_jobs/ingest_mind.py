@@ -26,6 +26,7 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from feature_store import lake
+from spark_jobs.ingest_clicklog import UNDECODABLE, id_problem
 
 MIND_TIME = "M/d/yyyy h:mm:ss a"
 TOKEN = r"^[^\s-]+(-[01])?$"
@@ -46,6 +47,8 @@ def parse_behaviors(lines: DataFrame, source: str) -> DataFrame:
                                                        F.col("n_fields").cast("string")))
               .when(F.col("impression_id") == "", F.lit("missing impression_id"))
               .when(F.col("user_id") == "", F.lit("missing user_id"))
+              .when(F.col("raw").contains(UNDECODABLE), F.lit("undecodable bytes: not utf-8 text"))
+              .when(id_problem(F.col("user_id"), "user_id").isNotNull(), id_problem(F.col("user_id"), "user_id"))
               .when(F.col("ts").isNull(), F.lit("unparsable time (expected M/d/yyyy h:mm:ss AM/PM)"))
               .when(F.size("tokens") == 0, F.lit("no candidates in impression"))
               .when(F.exists("tokens", lambda t: ~t.rlike(TOKEN)), F.lit("malformed candidate token (expected ITEM, ITEM-0 or ITEM-1)"))
@@ -97,19 +100,25 @@ def parse_news(lines: DataFrame) -> DataFrame:
 
 
 def ingest(spark, cfg, behaviors: str, news: str | None = None, source: str = "mind"):
-    from spark_jobs.ingest_clicklog import InputError, require_path
+    from spark_jobs.ingest_clicklog import InputError, read_error, require_path
     from spark_jobs.ingest_load import quarantine_rows, write_ingest
 
     started = time.perf_counter()
     require_path(spark, behaviors)
-    lines = spark.read.text(behaviors).where(F.trim("value") != "")
-    parsed = parse_behaviors(lines, source).persist()
+    lines = spark.read.text(behaviors)
+    blanks = lines.where(F.trim("value") == "").select(F.col("value").alias("raw"), F.lit("blank line").alias("reason"))
+    parsed = parse_behaviors(lines.where(F.trim("value") != ""), source).persist()
     try:
-        records_in = parsed.count()
+        try:
+            records_in, n_blank = parsed.count(), blanks.count()
+        except Exception as e:  # a truncated gzip, an unreadable file
+            raise read_error(behaviors, "text", e) from e
         if records_in == 0:
             raise InputError(f"{behaviors}: no impression lines")
+        records_in += n_blank  # blank lines are records too: quarantined, counted
         ingested_at = lake.utc_now()  # bookkeeping, not data selection
-        quarantine = quarantine_rows(parsed.where(F.col("reason").isNotNull()), source, behaviors, ingested_at)
+        quarantine = quarantine_rows(parsed.where(F.col("reason").isNotNull()).select("raw", "reason").unionByName(blanks),
+                                     source, behaviors, ingested_at)
         good = parsed.where(F.col("reason").isNull())
         requests = to_requests(good, source)
         events = to_events(good, requests, source)
@@ -140,10 +149,15 @@ def main(argv: list[str] | None = None) -> int:
     from include.config import load_config
     from include.spark import get_spark
 
+    from spark_jobs.ingest_clicklog import InputError
+
     args = parse_args(sys.argv[1:] if argv is None else argv)
     cfg = load_config(args.config)
-    spark = get_spark(cfg)
-    report = ingest(spark, cfg, args.behaviors, args.news, args.source)
+    try:
+        report = ingest(get_spark(cfg), cfg, args.behaviors, args.news, args.source)
+    except InputError as e:  # one clear line, nothing written
+        print(f"python -m spark_jobs.ingest_mind: error: {e}", file=sys.stderr)
+        return 2
     print("\n".join(report.lines(cfg.lake.database)))
     return 0
 

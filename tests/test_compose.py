@@ -17,10 +17,16 @@ AIRFLOW = ("airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "a
 SPARK = ("spark-master", "spark-worker-1", "spark-worker-2")
 
 
-def compose_config(*args: str) -> dict:
+SECRETS = {"SOLARIS_DB_PASSWORD": "test-db", "AIRFLOW_JWT_SECRET": "test-jwt", "AIRFLOW_FERNET_KEY": "test-fernet"}
+
+
+def compose_config(*args: str, env: dict | None = None, check: bool = True):
+    """``docker compose config`` as JSON (or, with ``check=False``, the finished process)."""
+    env = {**{k: v for k, v in os.environ.items() if k not in SECRETS and k != "SOLARIS_BIND"},
+           **(SECRETS if env is None else env)}
     try:
         p = subprocess.run(["docker", "compose", *args, "config", "--format", "json"], cwd=ROOT,
-                           capture_output=True, text=True, timeout=120)
+                           capture_output=True, text=True, timeout=120, env=env)
     except FileNotFoundError:
         p = None
     if p is None or (p.returncode != 0 and "unknown" in p.stderr.lower() and "compose" in p.stderr.lower()):
@@ -28,6 +34,8 @@ def compose_config(*args: str) -> dict:
         if os.environ.get("SOLARIS_REQUIRE_COMPOSE"):
             pytest.fail(msg)
         pytest.skip(msg)
+    if not check:
+        return p
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout)
 
@@ -73,14 +81,30 @@ def test_airflow_runs_on_postgres_and_submits_to_the_spark_master(config):
         assert svc[w]["command"][-1].endswith("spark://spark-master:7077")
 
 
-def test_secrets_come_from_the_environment(monkeypatch):
-    monkeypatch.setenv("SOLARIS_DB_PASSWORD", "s3cret")
-    monkeypatch.setenv("AIRFLOW_JWT_SECRET", "jwt-x")
-    cfg = compose_config()
+def test_secrets_come_from_the_environment_or_nothing_starts():
+    from include.compose_secrets import generate
+
+    made = generate()
+    cfg = compose_config(env=made)
     env = cfg["services"]["airflow-scheduler"]["environment"]
-    assert "solaris:s3cret@postgres" in env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
-    assert cfg["services"]["postgres"]["environment"]["POSTGRES_PASSWORD"] == "s3cret"
-    assert env["AIRFLOW__API_AUTH__JWT_SECRET"] == "jwt-x"
+    assert f"solaris:{made['SOLARIS_DB_PASSWORD']}@postgres" in env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+    assert cfg["services"]["postgres"]["environment"]["POSTGRES_PASSWORD"] == made["SOLARIS_DB_PASSWORD"]
+    assert env["AIRFLOW__API_AUTH__JWT_SECRET"] == made["AIRFLOW_JWT_SECRET"]
+    assert env["AIRFLOW__CORE__FERNET_KEY"] == made["AIRFLOW_FERNET_KEY"]
+    assert generate() != made  # random each time
+    for missing in SECRETS:
+        p = compose_config(env={k: v for k, v in made.items() if k != missing}, check=False)
+        assert p.returncode != 0 and f"set {missing}" in p.stderr, (missing, p.stderr)
+
+
+def test_published_ports_listen_on_loopback_unless_told_otherwise():
+    for env, host in ((SECRETS, "127.0.0.1"), ({**SECRETS, "SOLARIS_BIND": "0.0.0.0"}, "0.0.0.0")):
+        svc = compose_config(env=env)["services"]
+        published = {name: [(p["host_ip"], p["published"]) for p in s.get("ports", [])] for name, s in svc.items()}
+        assert published["airflow-apiserver"] == [(host, "8080")] and published["lookup"] == [(host, "8765")]
+        assert published["spark-master"] == [(host, "8081")]
+        assert all(not ports for name, ports in published.items()
+                   if name not in ("airflow-apiserver", "lookup", "spark-master"))
 
 
 def dockerfile_instructions(path) -> list[tuple[str, str]]:
@@ -118,6 +142,9 @@ def test_the_image_bakes_the_delta_jars_and_the_postgres_driver(tmp_path):
     assert all(copies[pkg] > deps for pkg in packages)  # code after the dependency layer
     assert copies["requirements.txt"] < deps
     assert "psycopg2-binary" in (ROOT / "requirements.txt").read_text()  # Airflow's PostgreSQL driver
+    users = [i for i, (op, args) in enumerate(steps) if op == "USER"]
+    assert users and steps[users[-1]][1] == "solaris"  # containers do not run as root
+    assert users[-1] < next(i for i in runs if "get_spark(" in steps[i][1])  # the jars baked into solaris's cache
     bake = next(steps[i][1] for i in runs if "get_spark(" in steps[i][1])
     snippet = shlex.split(bake.split("python -c", 1)[1].split("&&", 1)[0])[0]
     done = subprocess.run([sys.executable, "-c", snippet], cwd=ROOT, capture_output=True, text=True, timeout=600,

@@ -116,8 +116,10 @@ def test_every_bad_record_is_quarantined_with_its_reason(spark, make_cfg, dirty_
     assert report.requests == len(good)
     assert report.quarantined == len(bad)
     q = table(spark, cfg, "request_log_quarantine").collect()
-    reasons = sorted(r.reason for r in q)
+    reasons = sorted(f"{r.reason}: {r.value}" if r.value is not None else r.reason for r in q)
     assert reasons == sorted(bad.values())
+    # the category alone, with the offending value in its own column, for GROUP BY reason
+    assert {r.reason for r in q} == {v.split(": ")[0] for v in bad.values()}
     malformed = [r for r in q if r.reason.startswith("malformed")][0]
     assert malformed.raw == "u1,i1,1767571260000,1,0,3,1,EXTRA"  # the line itself, as read
     assert all(r.source == "clicklog" and r.input_path == str(path) for r in q)
@@ -249,3 +251,35 @@ def test_the_leak_check_warns_outside_its_range_and_not_on_one_class():
     assert warned(popularity_auc=0.45, position_auc=0.5) == []
     assert warned(popularity_auc=float("nan"), position_auc=float("nan")) == []  # no negatives: nothing to judge
     assert IngestReport(**base).leak_lines() == []  # MIND: no generated candidates
+
+
+def test_hostile_input_is_quarantined_or_refused_in_one_line(spark, make_cfg, tmp_path):
+    """An overflowing timestamp, a line of 25,000 fields, Latin-1 bytes in a UTF-8 read, over-long or
+    control-character ids and whitespace-only lines each land in the quarantine with a reason
+    (the good rows beside them land too); a truncated gzip and a UTF-16 file are one clear error."""
+    cfg = make_cfg("click_hostile")
+    good = [f"u{n},i{n % 5},{H0 + n * 60_000},1,0,3,1" for n in range(20)]
+    lines = [HEADER, *good, "u90,i1,9223372036854775807,1,0,3,1", "u91,i1,1767571200000" + ",x" * 25_000,
+             "   ", "", "u" * 300 + ",i1,1767571260000,1,0,3,1", "u\x07bell,i1,1767571260000,1,0,3,1"]
+    path = tmp_path / "hostile.csv"
+    path.write_bytes("\n".join(lines).encode() + b"\ncaf\xe9,i1,1767571260000,1,0,3,1\ncaf\xe8,i1,1767571260000,1,0,3,1\n")
+    report = ic.ingest(spark, cfg, str(path), spec(cfg))
+    assert (report.records_in, report.requests) == (28, 20)
+    assert dict(report.reasons) == {"unparsable timestamp (ms)": 1, "malformed record": 1, "blank line": 2,
+                                    "user_id over 256 characters": 1, "user_id holds a control character": 1,
+                                    "undecodable bytes": 2}
+    q = {r.reason: r for r in table(spark, cfg, "request_log_quarantine").collect()}
+    assert q["unparsable timestamp (ms)"].value == "9223372036854775807"
+    assert q["malformed record"].raw.startswith("u91,i1,1767571200000,x,x")  # the line itself
+    assert table(spark, cfg, "request_log").where("user_id LIKE 'caf%'").count() == 0  # no false duplicate
+    gz = tmp_path / "cut.csv.gz"
+    whole = gzip.compress(("\n".join([HEADER, *good * 50]) + "\n").encode())
+    gz.write_bytes(whole[:len(whole) // 2])
+    with pytest.raises(ic.InputError, match="cut.csv.gz: cannot be read as csv: .*Unexpected end of input stream"):
+        ic.ingest(spark, cfg, str(gz), spec(cfg))
+    utf16 = tmp_path / "utf16.csv"
+    utf16.write_bytes(("\n".join([HEADER, *(g.replace("u", "w", 1) for g in good)]) + "\n").encode("utf-16"))
+    with pytest.raises(ic.InputError, match="not utf-8 text .*--encoding"):
+        ic.ingest(spark, cfg, str(utf16), spec(cfg))
+    report = ic.ingest(spark, cfg, str(utf16), spec(cfg, encoding="utf-16"))  # told the encoding, it reads
+    assert (report.requests, report.quarantined) == (20, 0)

@@ -62,7 +62,8 @@ def test_history_is_placed_before_the_first_request(spark, mind):
 
 def test_every_bad_line_is_quarantined_with_its_reason(spark, mind):
     cfg, _ = mind
-    q = {r.raw.split("\t")[0]: r.reason for r in table(spark, cfg, "request_log_quarantine").collect()}
+    q = {r.raw.split("\t")[0]: f"{r.reason}: {r.value}" if r.value is not None else r.reason
+         for r in table(spark, cfg, "request_log_quarantine").collect()}
     assert q["4"].startswith("malformed line: expected 5 tab-separated fields, got 4")
     assert q["5"].startswith("unparsable time")
     assert q["6"].startswith("malformed candidate token")

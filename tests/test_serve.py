@@ -417,3 +417,105 @@ def test_a_client_may_not_choose_the_time_unless_the_operator_allows_it(tables):
         srv.shutdown()
         srv.server_close()
         store.stop()
+
+
+@pytest.fixture
+def strict_server(tables):
+    """A server with short deadlines, for the connection-level tests."""
+    store = OnlineStore(tables, poll_seconds=3600, miss_flush_seconds=0.1).start()
+    srv = LookupServer(store, "127.0.0.1", 0, max_items=50, max_body_bytes=8192, allow_client_now=True,
+                       request_timeout=1.0, keepalive_seconds=1)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+    store.stop()
+
+
+def raw(srv, data: bytes, wait: float = 5.0, half_close: bool = False) -> bytes:
+    """Send bytes on a fresh connection and read until the server closes it (or ``wait`` passes)."""
+    import socket
+
+    host, port = srv.socket.getsockname()[:2]
+    with socket.create_connection((host, port), timeout=wait) as s:
+        s.sendall(data)
+        if half_close:
+            s.shutdown(socket.SHUT_WR)
+        out = b""
+        try:
+            while chunk := s.recv(65536):
+                out += chunk
+        except TimeoutError:
+            out += b"<still open>"
+    return out
+
+
+def lookup_bytes(body: bytes, extra: bytes = b"", length: int | None = None) -> bytes:
+    n = len(body) if length is None else length
+    return (b"POST /v1/lookup HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + extra
+            + b"Content-Length: " + str(n).encode() + b"\r\n\r\n" + body)
+
+
+def test_slow_or_silent_connections_are_closed_at_the_deadline(strict_server):
+    """Headers that never finish, a TLS hello on the plain port, a silent connection: each is closed
+    within the request deadline (1 s here), not held for ever."""
+    started = time.time()
+    assert raw(strict_server, b"POST /v1/lookup HTTP/1.1\r\nHost: x\r\nContent-Le") == b""
+    hello = raw(strict_server, bytes.fromhex("16030100a5010000a10303") + b"\x00" * 20)
+    assert hello == b"" or hello.startswith(b"HTTP/1.1 400")  # refused or dropped, and closed either way
+    assert raw(strict_server, b"") == b""
+    assert time.time() - started < 4.5
+
+
+def test_a_body_shorter_than_its_content_length_is_never_processed(strict_server, tables):
+    """The client sends a valid lookup but says it is longer, then stops: nothing is looked up, no
+    miss is recorded (a server that read what came would have processed it as if whole)."""
+    body = json.dumps({"user_id": "u3", "item_ids": ["never_seen"]}).encode()
+    assert raw(strict_server, lookup_bytes(body, length=len(body) + 10), half_close=True) in (b"", b"<still open>")
+    assert raw(strict_server, lookup_bytes(body, length=len(body) + 10)) == b""  # closed at the deadline
+    time.sleep(0.5)
+    assert strict_server.store.misses.recorded == 0
+    assert 'status="200"' not in strict_server.metrics.prometheus(strict_server.store.status())
+
+
+@pytest.mark.parametrize("headers", [b"Content-Length: \xc2\xb2\r\n", b"Content-Length: 5\r\n",
+                                     b"Transfer-Encoding: chunked\r\n"], ids=["not_a_number", "duplicate", "with_chunked"])
+def test_ambiguous_framing_is_refused_and_never_runs_a_second_request(strict_server, headers):
+    """A Content-Length that is not one decimal number, two of them, or one beside chunked encoding:
+    400 and the connection closed, so a body can never be read as a second request."""
+    smuggled = b"GET /v1/status HTTP/1.1\r\nHost: x\r\n\r\n"
+    out = raw(strict_server, lookup_bytes(smuggled, extra=headers))
+    assert out.startswith(b"HTTP/1.1 400"), out[:200]
+    assert out.count(b"HTTP/1.1") == 1  # the body was not answered as a request of its own
+
+
+def test_methods_paths_and_odd_json_get_the_right_status(strict_server):
+    with LookupClient(strict_server.url, binary=False) as c:
+        code, headers, body = c.request("HEAD", "/healthz")
+        assert code == 200 and body == b""
+        code, headers, body = c.request("GET", "/v1/lookup")
+        assert code == 405 and "POST" in headers["allow"] and json.loads(body)["error"]
+        code, _, body = c.request("GET", "/nope")
+        assert code == 404 and "no such path /nope" in json.loads(body)["error"]
+        for payload, message in ((b"[" * 2000 + b"]" * 2000, "malformed JSON"),
+                                 (b'{"user_id": "u", "item_ids": [], "n": ' + b"9" * 4400 + b"}", "malformed JSON"),
+                                 (json.dumps({"user_id": "u", "item_ids": ["a"], "now": "9999-12-31T23:59:59-14:00"}).encode(),
+                                  "now:")):
+            code, _, body = c.request("POST", "/v1/lookup", payload, {"Content-Type": "application/json"})
+            assert code == 400 and message in json.loads(body)["error"], (payload[:40], code, body)
+        code, _, body = c.request("POST", "/v1/lookup", b"{}", {"Transfer-Encoding": "chunked"})
+        assert code in (400, 411)
+
+
+def test_an_idle_kept_alive_connection_is_closed(strict_server):
+    import socket
+
+    host, port = strict_server.socket.getsockname()[:2]
+    with socket.create_connection((host, port), timeout=5) as s:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        first = s.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200")
+        started = time.time()
+        assert s.recv(65536) == b""  # closed by the server after the keep-alive timeout (1 s)
+        assert time.time() - started < 4
