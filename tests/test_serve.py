@@ -3,6 +3,7 @@ under load, fed bad input. Tables are written with delta-rs in the declared sche
 
 import json
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 import time
 from datetime import datetime, timedelta
@@ -82,16 +83,24 @@ def tables(tmp_path):
     return root
 
 
+@contextmanager
+def serving(store, **kw):
+    """A LookupServer on a free loopback port over ``store``, in a thread; stopped (store too) after."""
+    srv = LookupServer(store, "127.0.0.1", 0, **kw)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        store.stop()
+
+
 @pytest.fixture
 def server(tables):
     store = OnlineStore(tables, poll_seconds=0.2, miss_flush_seconds=0.2).start()
-    srv = LookupServer(store, "127.0.0.1", 0, max_items=500, max_body_bytes=64 * 1024, allow_client_now=True)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
-    store.stop()
+    with serving(store, max_items=500, max_body_bytes=64 * 1024, allow_client_now=True) as srv:
+        yield srv
 
 
 NOW = T + timedelta(hours=1)
@@ -222,18 +231,11 @@ def test_a_corrupt_new_version_keeps_the_old_one_serving(server, tables):
 
 def test_missing_tables_at_start_serve_none_and_report_not_ready(tmp_path):
     store = OnlineStore(tmp_path / "nothing_here", poll_seconds=60, record_misses=False).start()
-    srv = LookupServer(store, "127.0.0.1", 0, allow_client_now=True)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        with LookupClient(srv.url) as c:
-            status, body = c.get_json("/readyz")
-            assert status == 503 and not body["ready"] and "no published snapshot" in body["reason"]
-            emb, tiers, snapshot = c.lookup("u1", ["i1", "i2"], NOW)
-            assert tiers == ["none", "none"] and not emb.any() and snapshot is None
-    finally:
-        srv.shutdown()
-        srv.server_close()
-        store.stop()
+    with serving(store, allow_client_now=True) as srv, LookupClient(srv.url) as c:
+        status, body = c.get_json("/readyz")
+        assert status == 503 and not body["ready"] and "no published snapshot" in body["reason"]
+        emb, tiers, snapshot = c.lookup("u1", ["i1", "i2"], NOW)
+        assert tiers == ["none", "none"] and not emb.any() and snapshot is None
 
 
 def test_misses_are_flushed_to_the_miss_queue(server, tables):
@@ -367,10 +369,7 @@ def test_a_restarted_replica_serves_the_newest_publication_that_loads(tables):
     broken = sorted(set(DeltaTable(str(tables / "pair_embeddings")).file_uris()) - set(first))[0]
     Path(broken.removeprefix("file://")).unlink()
     store = OnlineStore(tables, poll_seconds=3600, record_misses=False).start()
-    srv = LookupServer(store, "127.0.0.1", 0, max_items=10, max_body_bytes=4096)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(store, max_items=10, max_body_bytes=4096) as srv:
         status = store.status()
         assert (status["ready"], status["snapshot_run_id"], status["newest_publication"]) == (
             True, "2026-01-05T12:00:00", "2026-01-05T13:00:00")
@@ -384,10 +383,6 @@ def test_a_restarted_replica_serves_the_newest_publication_that_loads(tables):
         publish(tables, "2026-01-05T14:00:00", T + timedelta(hours=2))
         assert store.poll_once() and store.status()["snapshot_run_id"] == "2026-01-05T14:00:00"
         assert not store.status()["serving_older_publication"]
-    finally:
-        srv.shutdown()
-        srv.server_close()
-        store.stop()
 
 
 def test_with_no_snapshot_the_store_answers_in_the_configured_dimension(tmp_path):
@@ -403,34 +398,22 @@ def test_a_client_may_not_choose_the_time_unless_the_operator_allows_it(tables):
     """Back-dated `now` would let a client revive expired rows (and queue misses in the past): by
     default it is refused with the reason, and a request without it resolves at the clock."""
     store = OnlineStore(tables, record_misses=False).start()
-    srv = LookupServer(store, "127.0.0.1", 0)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(store) as srv:
         with LookupClient(srv.url, binary=False) as c:
             code, _, body = c.request("POST", "/v1/lookup", json.dumps(
                 {"user_id": "u3", "item_ids": ["i21"], "now": NOW.isoformat()}).encode(), {"Content-Type": "application/json"})
             assert code == 400 and "allow_client_now" in json.loads(body)["error"]
             emb, tiers, _ = c.lookup("u3", ["i21"])  # the clock (2026-12 or later): every test row has expired
             assert tiers == ["none"] and emb.shape == (1, DIM)
-    finally:
-        srv.shutdown()
-        srv.server_close()
-        store.stop()
 
 
 @pytest.fixture
 def strict_server(tables):
     """A server with short deadlines, for the connection-level tests."""
     store = OnlineStore(tables, poll_seconds=3600, miss_flush_seconds=0.1).start()
-    srv = LookupServer(store, "127.0.0.1", 0, max_items=50, max_body_bytes=8192, allow_client_now=True,
-                       request_timeout=1.0, keepalive_seconds=1)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
-    store.stop()
+    with serving(store, max_items=50, max_body_bytes=8192, allow_client_now=True, request_timeout=1.0,
+                 keepalive_seconds=1) as srv:
+        yield srv
 
 
 def raw(srv, data: bytes, wait: float = 5.0, half_close: bool = False) -> bytes:
