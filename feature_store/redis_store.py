@@ -32,7 +32,7 @@ import numpy as np
 
 from feature_store.lake import utc_now
 from feature_store.resolution import NONE, Snapshot
-from feature_store.store import LookupStore
+from feature_store.store import LookupStore, StoreUnavailable
 
 SEP = "\x1f"
 
@@ -89,10 +89,12 @@ def publish(snapshot: Snapshot, redis, prefix: str = "solaris", grace_seconds: i
 class RedisStore(LookupStore):
     """The lookup interface of OnlineStore (lookup, status, stop), reading Redis."""
 
-    def __init__(self, url: str = "redis://127.0.0.1:6379/0", prefix: str = "solaris", pointer_seconds: float = 1.0):
+    def __init__(self, url: str = "redis://127.0.0.1:6379/0", prefix: str = "solaris", pointer_seconds: float = 1.0,
+                 timeout_seconds: float = 0.5):
         import redis
 
-        self.redis = redis.Redis.from_url(url)
+        # A Redis that is down fails a lookup in ``timeout_seconds``, not the client's patience.
+        self.redis = redis.Redis.from_url(url, socket_timeout=timeout_seconds, socket_connect_timeout=timeout_seconds)
         self.prefix, self.pointer_seconds = prefix, pointer_seconds
         self._pointer: tuple[float, str | None, dict] = (0.0, None, {})
         self.misses = None
@@ -108,6 +110,15 @@ class RedisStore(LookupStore):
         return ns, meta
 
     def lookup(self, user_id: str, item_ids, now: datetime | None = None):
+        import redis
+
+        try:
+            return self._lookup(user_id, item_ids, now)
+        except (redis.ConnectionError, redis.TimeoutError) as e:
+            self._pointer = (0.0, None, {})  # look the pointer up again once Redis is back
+            raise StoreUnavailable(f"redis unavailable: {e}") from e
+
+    def _lookup(self, user_id: str, item_ids, now: datetime | None):
         now = now or utc_now()
         items = [str(i) for i in item_ids]
         ns, meta = self._namespace()
@@ -167,7 +178,14 @@ class RedisStore(LookupStore):
              np.array([(x[4], x[5]) for x in neighbors], np.int64).reshape(-1, 2)), run_id)
 
     def status(self) -> dict:
-        ns, meta = self._namespace()
+        import redis
+
+        try:
+            ns, meta = self._namespace()
+        except (redis.ConnectionError, redis.TimeoutError) as e:
+            return {"ready": False, "snapshot_run_id": None, "snapshot_versions": None, "snapshot_loaded_seconds_ago": 0.0,
+                    "snapshot_stats": {}, "dim": None, "reloads": 0, "reload_failures": 0,
+                    "last_error": f"redis unavailable: {e}", "misses": None, "backend": "redis"}
         return {"ready": ns is not None, "snapshot_run_id": meta.get("run_id"), "snapshot_versions": None,
                 "snapshot_loaded_seconds_ago": 0.0, "snapshot_stats": meta.get("stats", {}), "dim": meta.get("dim"),
                 "reloads": 0, "reload_failures": 0, "last_error": None if ns else "nothing published to Redis yet",

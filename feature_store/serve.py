@@ -41,6 +41,7 @@ import numpy as np
 
 from feature_store.ids import id_problem
 from feature_store.resolution import TIERS
+from feature_store.store import StoreUnavailable
 from feature_store.wire import BINARY_TYPE, encode_binary
 
 log = logging.getLogger("solaris.serve")
@@ -188,6 +189,8 @@ def build_app(store, metrics: Metrics, max_items: int = 1000, max_body_bytes: in
             status, response = e.status, error(e.status, str(e))
         except RequestTooSlow:
             status, response = 408, Response(status_code=408)  # nobody is left to read it
+        except StoreUnavailable as e:  # degraded: say so and when to come back, rather than fail obscurely
+            status, response = 503, error(503, str(e), **{"Retry-After": "1"})
         except Exception as e:  # never let one request take the server down
             log.exception("lookup failed")
             status, response = 500, error(500, f"{type(e).__name__}: {e}")

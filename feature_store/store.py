@@ -10,11 +10,17 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 
+class StoreUnavailable(RuntimeError):
+    """The store's backing service cannot be reached (Redis down): the lookup answers 503 with the
+    reason, and /readyz says not ready, until it is back."""
+
+
 @runtime_checkable
 class LookupStore(Protocol):
     def lookup(self, user_id: str, item_ids, now: datetime | None = None) -> tuple[np.ndarray, np.ndarray, str | None]:
         """(embeddings (n, dim) float32, tier codes (n,) into TIERS, the serving snapshot's run id or None).
-        A pair with nothing to serve is tier ``none`` with zeros: a normal answer, never an exception."""
+        A pair with nothing to serve is tier ``none`` with zeros: a normal answer, never an exception;
+        ``StoreUnavailable`` when the backing service cannot be reached at all."""
 
     def status(self) -> dict:
         """What /v1/status and /readyz report: at least ``ready``, ``snapshot_run_id`` and ``dim``."""

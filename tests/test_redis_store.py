@@ -136,3 +136,96 @@ def test_nothing_published_to_redis_serves_none_and_is_not_ready(redis_url):
     assert list(tiers) == [3] and not emb.any() and run_id is None
     assert not store.status()["ready"]
     store.stop()
+
+
+def start_redis(tmp_path, port):
+    import redis
+
+    proc = subprocess.Popen([shutil.which("redis-server"), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+    client, deadline = redis.Redis(port=port), time.time() + 10
+    while time.time() < deadline:
+        try:
+            client.ping()
+            return proc
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    raise RuntimeError("redis-server did not start")
+
+
+def test_redis_down_while_serving_is_a_clear_503_and_serving_resumes(tmp_path, redis_url):
+    """Redis stops under a running lookup: requests get 503 with the reason and Retry-After (fast, not
+    hung), /readyz says not ready; once Redis and its data are back, answers come again."""
+    import redis
+
+    from feature_store.redis_store import RedisStore
+    from feature_store.redis_store import publish as publish_redis
+
+    root = tmp_path / "tables"
+    write_version(root, seed=3)
+    publish(root, "2026-01-05T12:00:00")
+    snap = Snapshot.load(root, latest_publication(root).versions, run_id="2026-01-05T12:00:00")
+    port = free_port()
+    proc = start_redis(tmp_path, port)
+    url = f"redis://127.0.0.1:{port}/0"
+    publish_redis(snap, redis.Redis.from_url(url), prefix="d")
+    store = RedisStore(url, prefix="d", pointer_seconds=0)
+    srv = LookupServer(store, "127.0.0.1", 0, allow_client_now=True)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        with LookupClient(srv.url) as c:
+            assert c.lookup("u17", ITEMS, NOW)[2] == "2026-01-05T12:00:00"
+            proc.terminate()
+            proc.wait(10)
+            started = time.time()
+            code, headers, body = c.request("POST", "/v1/lookup", b'{"user_id": "u17", "item_ids": ["i1"]}')
+            assert code == 503 and headers["retry-after"] == "1" and b"redis unavailable" in body
+            assert time.time() - started < 3
+            status, ready = c.get_json("/readyz")
+            assert status == 503 and "redis unavailable" in ready["reason"]
+            proc = start_redis(tmp_path, port)
+            publish_redis(snap, redis.Redis.from_url(url), prefix="d")
+            assert c.lookup("u17", ITEMS, NOW)[2] == "2026-01-05T12:00:00"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        store.stop()
+        proc.terminate()
+
+
+def test_redis_down_during_publish_fails_the_task_and_keeps_the_served_namespace(published, redis_url, tmp_path):
+    """A publish that cannot reach Redis raises (the DAG task fails and is retried) and a publish that
+    dies midway never switches the pointer: readers stay on the namespace they had."""
+    import redis
+
+    from feature_store.redis_store import RedisStore
+    from feature_store.redis_store import publish as publish_redis
+
+    root, snap, _ = published
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    with pytest.raises(redis.ConnectionError):
+        publish_redis(snap, redis.Redis.from_url(dead, socket_connect_timeout=0.5), prefix="t")
+    r = redis.Redis.from_url(redis_url)
+    before = r.get("t:current")
+
+    class DiesMidway(redis.Redis):  # the real server; the connection drops after the first batch of writes
+        def pipeline(self, *a, **kw):
+            pipe, sent = super().pipeline(*a, **kw), []
+            execute = pipe.execute
+
+            def first_batch_only(*args, **kwargs):
+                sent.append(1)
+                if len(sent) > 1:
+                    raise redis.ConnectionError("connection lost midway")
+                return execute(*args, **kwargs)
+
+            pipe.execute = first_batch_only
+            return pipe
+
+    write_version(root, seed=11)
+    publish(root, "2026-01-05T15:00:00", T + timedelta(hours=3))
+    newer = Snapshot.load(root, latest_publication(root).versions, run_id="2026-01-05T15:00:00")
+    with pytest.raises(redis.ConnectionError, match="midway"):
+        publish_redis(newer, DiesMidway.from_url(redis_url), prefix="t", batch=5)
+    assert r.get("t:current") == before  # the half-written namespace is not served
+    assert RedisStore(redis_url, prefix="t").lookup("u3", ["i21"], NOW)[2] == "2026-01-05T12:00:00"
