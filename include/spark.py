@@ -96,6 +96,39 @@ def delta_package() -> str:
     return f"io.delta:delta-spark_{spark_minor}_2.13:{version('delta-spark')}"
 
 
+class MetastoreInUse(SystemExit):
+    """Another Spark driver holds the lake's embedded (Derby) metastore. Derby admits one JVM at a
+    time: without this check the second driver fails after minutes of retries and thousands of
+    log lines. It ends the process with one line (it is a SystemExit), before any work."""
+
+
+def check_metastore_free(cfg: SolarisConfig) -> None:
+    """Raise ``MetastoreInUse`` if another process holds the embedded metastore's lock (Derby holds
+    an exclusive lock on ``dbex.lck`` while booted); a shared metastore is not checked."""
+    import fcntl
+
+    from pyspark import SparkContext
+
+    if any(k in cfg.spark.extra for k in SHARED_METASTORE_KEYS):
+        return
+    if SparkContext._gateway is not None:
+        # This process runs a JVM already, which may hold the lock itself; POSIX locks belong to
+        # the process, so probing (and closing the file) here would release that JVM's lock.
+        return
+    lock = cfg.lake.metastore_path / "dbex.lck"
+    if not lock.exists():
+        return
+    with open(lock, "r+b") as f:
+        try:
+            fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise MetastoreInUse(
+                f"error: the lake's embedded metastore ({cfg.lake.metastore_path}) is in use by another Spark "
+                f"driver (a job, spark-sql or the SQL entry point): the embedded default runs one at a time. "
+                f"Wait for it, or point [spark] extra at a shared Hive metastore to run jobs side by side.") from None
+        fcntl.lockf(f, fcntl.LOCK_UN)
+
+
 def get_spark(cfg: SolarisConfig):
     """Get or create the session for ``cfg``; one per process, as Spark allows."""
     # Spark hands timestamps to Python in the process's local zone; SOLARIS runs in UTC throughout.
@@ -110,6 +143,7 @@ def get_spark(cfg: SolarisConfig):
 
     spark = SparkSession.getActiveSession()
     if spark is None:  # static settings apply only when the JVM starts; a live session is reused
+        check_metastore_free(cfg)
         builder = SparkSession.builder
         for key, value in spark_conf(cfg).items():
             builder = builder.config(key, value)

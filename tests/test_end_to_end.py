@@ -163,3 +163,17 @@ def test_documented_example_queries_answer_what_the_tables_hold(demo_lake, sql_a
 
     out = spark_sql_out
     assert f"{top['user_id'].iloc[0]}\t{top['n'].iloc[0]}\t" in out and newest["run_id"] in out
+
+
+def test_a_second_driver_on_the_embedded_metastore_stops_at_once_with_one_line(spark, lake_root):
+    """The test session's JVM holds its lake's Derby metastore: a job started on the same lake ends
+    at once with one clear line, not after minutes of retries and thousands of log lines."""
+    import subprocess
+    import time
+
+    started = time.time()
+    p = subprocess.run([sys.executable, "-m", "spark_jobs.precompute", "--at", "2026-01-05T03:00:00"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "SOLARIS_LAKE_ROOT": str(lake_root), "SOLARIS_SPARK_MASTER": "local[1]"})
+    assert p.returncode != 0 and "is in use by another Spark driver" in p.stderr, p.stderr[-2000:]
+    assert len(p.stderr.splitlines()) < 5 and time.time() - started < 120
