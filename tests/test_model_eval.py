@@ -26,8 +26,14 @@ def tiny_lake(spark, lake_root, base_lake):
     return copy_lake(spark, base_lake, _test_config(lake_root / "model_eval", database="t_model_eval"), models=False)
 
 
-def test_every_variant_trains_and_is_reported(tiny_lake):
-    result = training.train_all(tiny_lake, "synthetic", TINY, log=lambda *_: None)
+@pytest.fixture(scope="module")
+def trained(tiny_lake):
+    """One training of the tiny model set on the module's lake, shared by the tests that read it."""
+    return training.train_all(tiny_lake, "synthetic", TINY, log=lambda *_: None)
+
+
+def test_every_variant_trains_and_is_reported(tiny_lake, trained):
+    result = trained
     rows = {r["model"]: r for r in result["rows"]}
     assert list(rows) == ["VM", "VM + KD (soft labels)", "VM + FM embedding (oracle coverage)", "FM"]
     for r in rows.values():
@@ -80,14 +86,14 @@ def test_command_line_entry_point(tiny_lake, tmp_path):
     assert [r["model"] for r in saved["rows"]][-1] == "FM"
 
 
-def test_the_truth_is_read_by_the_evaluation_alone(tiny_lake, tmp_path):
+def test_the_truth_is_read_by_the_evaluation_alone(tiny_lake, trained, tmp_path):
     """Training gives the same models with the truth table gone; the evaluation then finds no truth.
     With it, no model beats the Bayes NE beyond noise, and every interval holds its point."""
     import shutil
 
     from experiments import truth
 
-    first = training.train_all(tiny_lake, "synthetic", TINY, log=lambda *_: None)
+    first = trained
     known = truth.read_truth(tiny_lake.lake.tables_path, "synthetic")
     assert known is not None and len(known) > 0 and known["p_click"].between(0, 1).all()
     gap = truth.bayes_gap(first["predictions"], known, [r["model"] for r in first["rows"]], resamples=200)
