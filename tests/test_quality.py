@@ -6,7 +6,7 @@ from datetime import datetime
 import pytest
 
 from feature_store.quality import DataQualityError, validate_request_log
-from feature_store.tables import REQUEST_LOG
+from feature_store.tables import REQUEST_LOG, REQUEST_LOG_QUARANTINE
 from spark_jobs.ingest_load import write_ingest
 
 pytestmark = pytest.mark.spark
@@ -55,7 +55,7 @@ def test_failed_validation_writes_nothing(spark, make_cfg):
     cfg = make_cfg("gx_nowrite")
     bad = rows(spark, [dict(request_id="r1", user_id="u", item_id="a", label=7)])
     events = spark.createDataFrame([], "user_id string, item_id string, ts timestamp, event_type string, source string, date date")
-    quarantine = spark.createDataFrame([], "raw string, source string, input_path string, reason string, ingested_at timestamp")
+    quarantine = spark.createDataFrame([], REQUEST_LOG_QUARANTINE.schema())
     with pytest.raises(DataQualityError):
         write_ingest(spark, cfg, source="t", input_path="p", records_in=1, requests=bad, events=events,
                      items=None, quarantine=quarantine, started=0.0)
