@@ -55,6 +55,10 @@ def spark_conf(cfg: SolarisConfig) -> dict[str, str]:
         # ClassCastException (LocalDate vs java.sql.Date) under spark-sql, which turns on Java 8
         # time types: `SELECT max(date) FROM solaris.request_features` broke there.
         "spark.databricks.delta.optimizeMetadataQuery.enabled": "false",
+        # Spark writes a CRC per Parquet page but does not check it on read unless told: a flipped
+        # byte inside a page would be read as data. Every Spark reader fails on it instead, as the
+        # lake's delta-rs reads do (feature_store/lake.read_arrow).
+        "spark.hadoop.parquet.page.verify-checksum.enabled": "true",
     }
     if cfg.spark.master.startswith("local"):
         conf["spark.driver.host"] = "127.0.0.1"

@@ -190,6 +190,8 @@ def test_flipped_bytes_inside_a_page_fail_the_load_instead_of_being_served(spark
     assert ds.dataset(path).to_table(fragment_scan_options=unchecked).num_rows > 0  # silently wrong without the CRC
     with pytest.raises(OSError, match="CRC checksum verification failed"):
         Snapshot.load(root)
+    with pytest.raises(Exception, match="(?i)checksum"):  # and every Spark reader of the table
+        spark.read.format("delta").load(str(root / "pair_embeddings")).select("embedding").collect()
 
 
 def test_history_is_strictly_before_t_and_empty_for_unknown_users(spark):
