@@ -25,8 +25,9 @@ from model import training
 from spark_jobs.ingest import DATA_SETS, add_clicklog_arguments, clicklog_arguments
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.model_eval", description=__doc__.split("\n\n")[0])
+def arguments(prog: str, description: str) -> argparse.ArgumentParser:
+    """The command line of an experiment that ingests a log (or takes the lake's) and trains on it."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--data", choices=DATA_SETS, help="ingest this log first")
     p.add_argument("--input", help="path of the log to ingest")
     p.add_argument("--source", help="source to train on (default: the --data's)")
@@ -40,13 +41,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-train-requests", type=int, help="sample at most this many training requests")
     p.add_argument("--reports", default="reports", help="folder for the JSON and Markdown results")
     p.add_argument("--config", help="SOLARIS TOML config")
-    a = p.parse_args(sys.argv[1:] if argv is None else argv)
+    return p
+
+
+def prepare(p: argparse.ArgumentParser, a: argparse.Namespace):
+    """Ingest what ``a`` asks for; (config, source to train on, model set)."""
+    from include import synthetic_world
+    from include.config import load_config
+
     extra = clicklog_arguments(a)
     if extra and a.data not in ("clicklog", "globo"):
         p.error(f"{' '.join(extra[::2])} apply to click logs (--data clicklog or globo), not --data {a.data}")
-
-    from include.config import load_config
-
     cfg = load_config(a.config)
     source = a.source or ("impressions" if a.data == "impressions" else a.data)
     if a.data and not a.skip_ingest:
@@ -69,6 +74,13 @@ def main(argv: list[str] | None = None) -> int:
     ec = training.model_set(a.models or cfg.models.sizes)
     if a.max_train_requests:
         ec = replace(ec, split=replace(ec.split, max_train_requests=a.max_train_requests))
+    return cfg, source, ec
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = arguments("python -m experiments.model_eval", __doc__.split("\n\n")[0])
+    a = p.parse_args(sys.argv[1:] if argv is None else argv)
+    cfg, source, ec = prepare(p, a)
     print(f"training on source {source!r}")
     result = training.train_all(cfg, source, ec)
     markdown = training.to_markdown(result)

@@ -31,23 +31,24 @@ def read_truth(tables_root, source: str | None = None) -> pd.DataFrame | None:
 
 
 def bayes_gap(predictions: pd.DataFrame, truth: pd.DataFrame, models: list[str], baseline: str = "VM",
-              resamples: int = 1000, seed: int = 7) -> dict:
+              resamples: int = 1000, seed: int = 7, column: str = "p_click") -> dict:
     """Bayes NE and each model's share of the baseline's gap to it, with intervals.
 
     ``predictions``: request_id, item_id, label and one column per model; ``truth`` must cover
-    every row (a row without its probability is an error, not a silent drop)."""
-    rows = predictions.merge(truth[["request_id", "item_id", "p_click"]], on=["request_id", "item_id"], how="left",
+    every row (a row without its probability is an error, not a silent drop). ``column``: the
+    truth of the label predicted, ``p_click`` or ``p_conversion`` (a click and then a conversion)."""
+    rows = predictions.merge(truth[["request_id", "item_id", column]], on=["request_id", "item_id"], how="left",
                              validate="one_to_one")
-    missing = int(rows["p_click"].isna().sum())
+    missing = int(rows[column].isna().sum())
     if missing:
         raise ValueError(f"{missing} of {len(rows)} evaluated rows have no truth: the truth table is of another log")
     y = rows["label"].to_numpy()
-    preds = {m: rows[m].to_numpy() for m in models} | {"Bayes": rows["p_click"].to_numpy()}
+    preds = {m: rows[m].to_numpy() for m in models} | {"Bayes": rows[column].to_numpy()}
     ci = metrics.paired_bootstrap(y, preds, rows["request_id"].to_numpy(), baseline=baseline, reference="Bayes",
                                   resamples=resamples, seed=seed)
     ne = {m: metrics.normalized_entropy(y, p) for m, p in preds.items()}
     out = {"bayes_ne": ne["Bayes"], "bayes_ne_ci": ci["Bayes"]["ne"], "bayes_auc": metrics.auc(y, preds["Bayes"]),
-           "models": {}}
+           "label": {"p_click": "click", "p_conversion": "conversion"}.get(column, column), "models": {}}
     for m in models:
         share = metrics.transfer_ratio(ne[baseline], ne[m], ne["Bayes"])
         out["models"][m] = {"ne": ne[m], "gap_share": share, "gap_share_ci": ci[m]["transfer_ratio_ci"],
@@ -56,7 +57,7 @@ def bayes_gap(predictions: pd.DataFrame, truth: pd.DataFrame, models: list[str],
 
 
 def to_markdown(gap: dict) -> str:
-    lines = [f"Bayes NE (predicting the true click probability): {gap['bayes_ne']:.4f} "
+    lines = [f"Bayes NE (predicting the true {gap.get('label', 'click')} probability): {gap['bayes_ne']:.4f} "
              f"{metrics.format_interval(gap['bayes_ne_ci'], '.4f')}, AUC {gap['bayes_auc']:.4f}.", "",
              "| model | NE | NE - Bayes NE | share of the VM-to-Bayes gap closed [95% CI] |", "|---|---:|---:|---:|"]
     for m, r in gap["models"].items():

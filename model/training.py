@@ -64,7 +64,9 @@ def model_set(sizes: str) -> ModelSetConfig:
     return sets[sizes]
 
 
-def _with_codes(x: dict[str, np.ndarray], codes: np.ndarray | None, teacher: np.ndarray | None = None):
+def vm_inputs(x: dict[str, np.ndarray], codes: np.ndarray | None, teacher: np.ndarray | None = None):
+    """A VM's inputs from model examples: ids and context, plus the compressed FM embedding served
+    as ``exact`` (``codes``) and the soft-label teacher's probability (``teacher``) where given."""
     out = row_inputs(x)
     if codes is not None:
         out["fm"] = codes.astype(np.float32)
@@ -136,9 +138,9 @@ def train_frames(requests: pd.DataFrame, events: pd.DataFrame, items: pd.DataFra
 
     variants = {}
     for name, use_fm, loss, extra in (
-            ("VM", False, bce_loss, lambda k: _with_codes(x[k], None)),
-            ("VM + KD (soft labels)", False, kd_loss(ec.kd_alpha), lambda k: _with_codes(x[k], None, fm_p[k])),
-            ("VM + FM embedding (oracle coverage)", True, bce_loss, lambda k: _with_codes(x[k], codes[k]))):
+            ("VM", False, bce_loss, lambda k: vm_inputs(x[k], None)),
+            ("VM + KD (soft labels)", False, kd_loss(ec.kd_alpha), lambda k: vm_inputs(x[k], None, fm_p[k])),
+            ("VM + FM embedding (oracle coverage)", True, bce_loss, lambda k: vm_inputs(x[k], codes[k]))):
         log(f"  training {name}")
         torch.manual_seed(vm_train.seed)
         vm = VerticalModel(VMConfig(**sizes, use_fm_embedding=use_fm, fm_dim=ec.code_dim))

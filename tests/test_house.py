@@ -65,7 +65,7 @@ def test_the_truth_of_a_simulated_log_is_read_by_the_evaluation_alone():
     experiments/truth.py: no model, job or lookup code names it."""
     named = sorted(str(p.relative_to(ROOT)) for room in ROOMS for p in (ROOT / room).glob("*.py")
                    if "TRUTH" in p.read_text() or "truth.read_truth" in p.read_text())
-    assert named == ["experiments/model_eval.py", "experiments/replay.py", "experiments/truth.py",
+    assert named == ["experiments/model_eval.py", "experiments/replay.py", "experiments/task_transfer.py", "experiments/truth.py",
                      "feature_store/tables.py", "include/synthetic_world.py", "spark_jobs/ingest.py",
                      "spark_jobs/ingest_load.py"], named
     assert "p_click" not in "".join(p.read_text() for p in (ROOT / "model").glob("*.py"))
