@@ -164,14 +164,12 @@ def test_queued_misses_are_bounded_per_user_and_per_run(spark):
     assert got == [("f", "i000"), ("f", "i001"), ("f", "i002"), ("g", "j1")]  # the oldest waits
 
 
-def test_flipped_bytes_inside_a_page_fail_the_load_instead_of_being_served(spark, lake, tmp_path):
+def test_flipped_bytes_inside_a_page_fail_the_load_instead_of_being_served(spark, lake, tmp_path, make_cfg):
     """Spark writes a CRC per Parquet page; every lake read verifies it. One flipped byte inside the
     embedding column's first page: an unverified read returns the rows, the snapshot load refuses."""
-    import glob
     import shutil
 
     import pyarrow.dataset as ds
-    import pyarrow.parquet as pq
 
     from feature_store.resolution import Snapshot
 
@@ -180,18 +178,40 @@ def test_flipped_bytes_inside_a_page_fail_the_load_instead_of_being_served(spark
     root = tmp_path / "tables"
     shutil.copytree(lake.lake.table_path("pair_embeddings"), root / "pair_embeddings")
     Snapshot.load(root)  # the copy loads
-    path = max(glob.glob(str(root / "pair_embeddings" / "*.parquet")), key=lambda f: Path(f).stat().st_size)
-    meta = pq.ParquetFile(path).metadata.row_group(0)
-    column = next(meta.column(i) for i in range(meta.num_columns) if meta.column(i).path_in_schema.startswith("embedding"))
-    data = bytearray(Path(path).read_bytes())
-    data[column.data_page_offset + column.total_compressed_size // 2] ^= 0xFF
-    Path(path).write_bytes(bytes(data))
+    path = _flip_a_byte_inside_a_page(root / "pair_embeddings", "embedding")
     unchecked = ds.ParquetFragmentScanOptions(page_checksum_verification=False)
     assert ds.dataset(path).to_table(fragment_scan_options=unchecked).num_rows > 0  # silently wrong without the CRC
     with pytest.raises(OSError, match="CRC checksum verification failed"):
         Snapshot.load(root)
     with pytest.raises(Exception, match="(?i)checksum"):  # and every Spark reader of the table
         spark.read.format("delta").load(str(root / "pair_embeddings")).select("embedding").collect()
+
+    # Training's reader too (model/data.py reads the log with delta-rs, without the lake layer).
+    from model import data as mdata
+
+    copy = make_cfg("crc_training")
+    shutil.copytree(lake.lake.table_path("request_log"), copy.lake.table_path("request_log"))
+    assert len(mdata.read_table(copy, "request_log", ["user_id"], None)) > 0
+    _flip_a_byte_inside_a_page(copy.lake.table_path("request_log"), "user_id")
+    with pytest.raises(OSError, match="CRC checksum verification failed"):
+        mdata.read_table(copy, "request_log", ["user_id"], None)
+
+
+def _flip_a_byte_inside_a_page(table_dir: Path, column_prefix: str) -> str:
+    """Flip one byte in the middle of ``column_prefix``'s first column chunk (its pages) in the
+    table's largest data file (partition folders included); the file's path."""
+    import glob
+
+    import pyarrow.parquet as pq
+
+    path = max(glob.glob(str(table_dir / "**" / "*.parquet"), recursive=True), key=lambda f: Path(f).stat().st_size)
+    meta = pq.ParquetFile(path).metadata.row_group(0)
+    column = next(meta.column(i) for i in range(meta.num_columns) if meta.column(i).path_in_schema.startswith(column_prefix))
+    data = bytearray(Path(path).read_bytes())
+    start = column.dictionary_page_offset if column.has_dictionary_page else column.data_page_offset
+    data[start + column.total_compressed_size // 2] ^= 0xFF
+    Path(path).write_bytes(bytes(data))
+    return path
 
 
 def test_history_is_strictly_before_t_and_empty_for_unknown_users(spark):
