@@ -79,11 +79,8 @@ def run(cfg, source: str | None, ec: training.ModelSetConfig, log=print) -> dict
     vm_x = {k: build_examples(v, events, vocab["conv"], 1, items, ec.horizon_hours) for k, v in splits.items()}
     fm, ae = click_models["FM"], click_models["autoencoder"]
     click_p = {k: sigmoid(infer(fm, fm, v, device=device)) for k, v in fm_x.items()}
-    codes = {}
-    for k, v in fm_x.items():
-        emb = infer(fm.embed, fm, v, device=device)
-        codes[k] = infer(lambda b: ae.encode(b["emb"]), ae, {"emb": emb, "label": np.zeros(len(emb), np.float32)},
-                         device=device)
+    ae.to(device).eval()  # infer() moves and evals the FM; the autoencoder runs inside its pass
+    codes = {k: infer(lambda b: ae.encode(fm.embed(b)), fm, v, device=device) for k, v in fm_x.items()}
 
     vm_train = replace(ec.vm_train, device=str(device))
     sizes = dict(n_users=vocab["conv"].size("user"), n_items=vocab["conv"].size("item"),
