@@ -212,6 +212,21 @@ class FallbackConfig:
 
 
 @dataclass(frozen=True)
+class OrchestrationConfig:
+    """How Airflow runs the DAGs' tasks (include/orchestration.py): every stage is idempotent for
+    its interval, so a failed or killed task is retried whole."""
+
+    retries: int = 2
+    retry_delay_seconds: float = 120.0
+    execution_timeout_hours: float = 2.0
+
+    def __post_init__(self):
+        if self.retries < 0 or self.retry_delay_seconds < 0 or self.execution_timeout_hours <= 0:
+            raise ConfigError("[orchestration] retries and retry_delay_seconds must be >= 0, "
+                              "execution_timeout_hours > 0")
+
+
+@dataclass(frozen=True)
 class SolarisConfig:
     lake: LakeConfig = field(default_factory=LakeConfig)
     spark: SparkConfig = field(default_factory=SparkConfig)
@@ -222,6 +237,7 @@ class SolarisConfig:
     models: ModelsConfig = field(default_factory=ModelsConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
     redis: RedisConfig = field(default_factory=RedisConfig)
+    orchestration: OrchestrationConfig = field(default_factory=OrchestrationConfig)
 
     @property
     def models_root(self) -> Path:

@@ -21,12 +21,18 @@ SPARK_CONN_ID = os.environ.get("SOLARIS_SPARK_CONN_ID", "solaris_spark")
 START = "{{ data_interval_start.isoformat() }}"
 END = "{{ data_interval_end.isoformat() }}"
 
-DEFAULT_ARGS = {
-    "owner": "solaris",
-    "retries": 2,
-    "retry_delay": timedelta(minutes=2),
-    "execution_timeout": timedelta(hours=2),
-}
+
+
+def default_args() -> dict:
+    """Every task's retries and timeout, from the SOLARIS config's ``[orchestration]``."""
+    from include.config import load_config
+
+    o = load_config().orchestration
+    return {"owner": "solaris", "retries": o.retries, "retry_delay": timedelta(seconds=o.retry_delay_seconds),
+            "execution_timeout": timedelta(hours=o.execution_timeout_hours)}
+
+
+DEFAULT_ARGS = default_args()
 
 
 def properties_file() -> str:

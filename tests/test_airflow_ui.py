@@ -27,8 +27,8 @@ CHROMEDRIVER = shutil.which("chromedriver")
 DAG = "solaris_precompute"
 
 
-def api(base: str, path: str, token: str | None = None, body: dict | None = None) -> dict:
-    req = urllib.request.Request(base + path, data=None if body is None else json.dumps(body).encode(),
+def api(base: str, path: str, token: str | None = None, body: dict | None = None, method: str | None = None) -> dict:
+    req = urllib.request.Request(base + path, data=None if body is None else json.dumps(body).encode(), method=method,
                                  headers={"Content-Type": "application/json",
                                           **({"Authorization": f"Bearer {token}"} if token else {})})
     with urllib.request.urlopen(req, timeout=30) as r:
@@ -46,7 +46,9 @@ def airflow(demo_lake, tmp_path_factory):
     lake, _ = demo_lake
     home = tmp_path_factory.mktemp("airflow_ui")
     port = free_port()
-    env = {**os.environ, "SOLARIS_LAKE_ROOT": str(lake),
+    config = home / "solaris.toml"  # retries seconds apart, not minutes: the retry test waits for one
+    config.write_text("[orchestration]\nretries = 2\nretry_delay_seconds = 2\n")
+    env = {**os.environ, "SOLARIS_LAKE_ROOT": str(lake), "SOLARIS_CONFIG": str(config),
            # Only runs triggered by hand: unpausing would otherwise also schedule the hour that
            # just ended on the wall clock, which the 2026-01-05 synthetic log has no traffic for.
            "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False"}
@@ -192,3 +194,78 @@ def test_trigger_the_hourly_dag_in_the_ui_and_watch_it_succeed(airflow, browser,
     assert "precompute run 2026-01-05T03:00:00 (window " in json.dumps(log["content"])
     assert serving_tables(lake) == before  # the demo had run this hour: the rerun changed nothing
     assert shot.stat().st_size > 10_000
+
+
+def hour_run(base: str, token: str, end: str) -> str:
+    """The run of the hour ending at ``end`` (the UI test's), or a new one triggered through the API
+    and waited for."""
+    runs = api(base, f"/api/v2/dags/{DAG}/dagRuns?limit=100", token)["dag_runs"]
+    mine = [r for r in runs if r["data_interval_end"].startswith(end) and r["state"] == "success"]
+    if mine:
+        return mine[0]["dag_run_id"]
+    api(base, f"/api/v2/dags/{DAG}", token, {"is_paused": False}, method="PATCH")
+    run_id = api(base, f"/api/v2/dags/{DAG}/dagRuns", token, {"logical_date": end + "Z"})["dag_run_id"]
+    assert finished_state(base, token, run_id, 3000) == "success"
+    return run_id
+
+
+def finished_state(base: str, token: str, run_id: str, timeout: float) -> str:
+    path = f"/api/v2/dags/{DAG}/dagRuns/{urllib.parse.quote(run_id, safe='')}"
+    return wait_for(f"run {run_id} to finish",
+                    lambda: (s := api(base, path, token)["state"]) in ("success", "failed") and s, timeout, every=3)
+
+
+def kill_processes_of(needle: str) -> int:
+    """SIGKILL every process whose command line holds ``needle`` (the spark-submit JVM and the Python
+    driver it started): what a lost node does to a task. Returns how many were killed."""
+    import psutil
+
+    killed = 0
+    for p in psutil.process_iter(["cmdline"]):
+        if any(needle in part for part in p.info["cmdline"] or ()):
+            try:
+                p.kill()
+                killed += 1
+            except psutil.NoSuchProcess:
+                pass
+    return killed
+
+
+@pytest.mark.timeout(3600)
+def test_a_task_killed_mid_write_is_retried_by_airflow_and_the_tables_come_out_whole(airflow, demo_lake):
+    """The precompute task of a finished hour is cleared, so the scheduler runs it again; its
+    spark-submit is SIGKILLed right after its first commit (the audit table), before the MERGE into
+    pair_embeddings. Airflow marks the try failed and retries it under `[orchestration]`; the retry
+    succeeds, and the feature tables hold exactly what they held before: the killed try left no
+    partial write behind."""
+    from deltalake import DeltaTable
+
+    base, _, token, home = airflow
+    lake, _ = demo_lake
+    run_id = hour_run(base, token, "2026-01-05T03:00:00")
+    q = urllib.parse.quote(run_id, safe="")
+    before = serving_tables(lake)
+    audit, pairs = (str(lake / "tables" / n) for n in ("verifier_scores", "pair_embeddings"))
+    audit_version, pairs_version = DeltaTable(audit).version(), DeltaTable(pairs).version()
+    tries_before = api(base, f"/api/v2/dags/{DAG}/dagRuns/{q}/taskInstances/precompute", token)["try_number"]
+
+    cleared = api(base, f"/api/v2/dags/{DAG}/clearTaskInstances", token,
+                  {"dry_run": False, "dag_run_id": run_id, "task_ids": ["precompute"], "only_failed": False,
+                   "include_downstream": False, "reset_dag_runs": True})
+    assert [t["task_id"] for t in cleared["task_instances"]] == ["precompute"]
+
+    wait_for("the rerun's audit commit", lambda: DeltaTable(audit).version() > audit_version, 900, every=0.05)
+    killed = kill_processes_of(str(ROOT / "spark_jobs" / "precompute.py"))
+    assert killed >= 1
+    assert DeltaTable(pairs).version() == pairs_version  # killed between its two writes
+
+    assert finished_state(base, token, run_id, 1800) == "success", tail(home)
+    tries = api(base, f"/api/v2/dags/{DAG}/dagRuns/{q}/taskInstances/precompute/tries", token)["task_instances"]
+    states = [t["state"] for t in sorted(tries, key=lambda t: t["try_number"]) if t["try_number"] > tries_before]
+    # one killed try (kept in the history as failed, or as up_for_retry when it was archived), then the retry
+    assert len(states) == 2 and states[0] in ("failed", "up_for_retry") and states[1] == "success", states
+    killed_try = tries_before + 1
+    log = api(base, f"/api/v2/dags/{DAG}/dagRuns/{q}/taskInstances/precompute/logs/{killed_try}?full_content=true", token)
+    assert "-9" in json.dumps(log["content"])  # spark-submit's exit by SIGKILL, as the operator reported it
+    assert serving_tables(lake) == before  # the retry rewrote the same rows; nothing half-written stays
+    assert DeltaTable(pairs).version() == pairs_version + 1  # one MERGE commit, the retry's
