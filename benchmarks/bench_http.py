@@ -2,11 +2,12 @@
 replaced, and plain Redis, in one run, with compiled load generators (wrk, redis-benchmark) so
 the client does not eat the server's cores.
 
-    python benchmarks/bench_http.py [--baseline-rev f12b615] [--connections 1 10 50 200] [--seconds 8]
+    python benchmarks/bench_http.py [--baseline-rev f12b615] [--connections 1 10 50 200] [--seconds 8] [--workers 2]
 
 Both servers serve the same in-memory snapshot (benchmarks/bench_lookup.py's synthetic lake,
 d = 32) in this process; the baseline server is the ``feature_store/serve.py`` of
-``--baseline-rev``, loaded from git. Each request asks for 100 candidates (binary answers); wrk
+``--baseline-rev``, loaded from git. ``python -m feature_store.serve --workers N`` runs beside them
+as a user runs it, over the same lake. Each request asks for 100 candidates (binary answers); wrk
 holds ``--connections`` connections open on 2 threads, so the load is the number of requests in
 flight. Plain Redis: ``redis-benchmark`` running ``HMGET`` of the same 100 fields of one hash at
 the same concurrency, the floor of any networked store. Needs ``wrk`` and ``redis-server``
@@ -72,12 +73,34 @@ def redis_benchmark(port: int, fields: list[str], connections: int, requests: in
     return {"rps": float(cols[1]), "p50": float(cols[4]), "p99": float(cols[6]), "errors": 0}
 
 
+def start_workers(lake: Path, workers: int) -> tuple[subprocess.Popen, str]:
+    """``python -m feature_store.serve`` with ``workers`` processes over the same lake, as a user runs it."""
+    from tests.conftest import free_port
+
+    port = free_port()
+    cfg = lake / "serve.toml"
+    cfg.write_text(f'[lake]\nroot = "{lake}"\n[serve]\nport = {port}\nworkers = {workers}\nallow_client_now = true\n'
+                   "record_misses = false\npoll_seconds = 3600\ndim = 32\n")
+    proc = subprocess.Popen([sys.executable, "-m", "feature_store.serve", "--config", str(cfg)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    banners = 0
+    while banners < workers:
+        line = proc.stdout.readline()
+        if not line:
+            sys.exit(f"feature_store.serve --workers {workers} exited")
+        banners += "SOLARIS lookup" in line
+    threading.Thread(target=proc.stdout.read, daemon=True).start()
+    return proc, f"http://127.0.0.1:{port}"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--baseline-rev", default="f12b615", help="git revision whose serve.py is the baseline")
     p.add_argument("--connections", type=int, nargs="+", default=[1, 10, 50, 200])
     p.add_argument("--seconds", type=float, default=8)
     p.add_argument("--users", type=int, default=20000)
+    p.add_argument("--workers", type=int, default=2, help="also run `python -m feature_store.serve` with this "
+                                                           "many workers ([serve] workers; 1: skip)")
     a = p.parse_args(argv)
     for tool in ("wrk", "redis-server", "redis-benchmark"):
         if not shutil.which(tool):
@@ -89,7 +112,7 @@ def main(argv=None) -> int:
     from feature_store.serve import LookupServer
 
     tmp = Path(tempfile.mkdtemp(prefix="solaris-http-"))
-    redis_proc = None
+    redis_proc = workers = None
     try:
         write_lake(tmp / "tables", a.users, 25, 5000)
         store = OnlineStore(tmp / "tables", poll_seconds=3600, record_misses=False).start()
@@ -100,6 +123,9 @@ def main(argv=None) -> int:
                    "uvicorn": LookupServer(store, "127.0.0.1", 0, max_items=1000, allow_client_now=True)}
         for srv in servers.values():
             threading.Thread(target=srv.serve_forever, daemon=True).start()
+        workers = start_workers(tmp, a.workers) if a.workers > 1 else None
+        if workers:
+            servers[f"uvicorn, {a.workers} workers"] = workers[1]
         time.sleep(1)
         port = 6391
         redis_proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
@@ -112,7 +138,7 @@ def main(argv=None) -> int:
         results = {}
         for c in a.connections:
             for name, srv in servers.items():
-                results[(name, c)] = wrk(srv.url, body, c, a.seconds)
+                results[(name, c)] = wrk(srv if isinstance(srv, str) else srv.url, body, c, a.seconds)
             rb = results[("stdlib (baseline)", c)]
             results[("plain Redis HMGET", c)] = redis_benchmark(port, items, c, max(2000, int(rb["rps"] * a.seconds)))
         print(f"100 candidates per request, binary answers; wrk -t2 -c<connections> -d{a.seconds:g}s; "
@@ -121,14 +147,18 @@ def main(argv=None) -> int:
         print("|---:|---|---:|---:|---:|---:|---:|---:|")
         for c in a.connections:
             base = results[("stdlib (baseline)", c)]
-            for name in ("stdlib (baseline)", "uvicorn", "plain Redis HMGET"):
+            for name in [*servers, "plain Redis HMGET"]:
                 x = results[(name, c)]
                 print(f"| {c} | {name} | {x['rps']:,.0f} | {x['p50']:.2f} | {x['p99']:.2f} | {x['errors']} | "
                       f"{x['p99'] / base['p99']:.2f}x | {x['rps'] / base['rps']:.2f}x |", flush=True)
         for srv in servers.values():
-            srv.shutdown()
+            if not isinstance(srv, str):
+                srv.shutdown()
         store.stop()
     finally:
+        if workers:
+            workers[0].terminate()
+            workers[0].wait(30)
         if redis_proc:
             redis_proc.terminate()
         shutil.rmtree(tmp, ignore_errors=True)

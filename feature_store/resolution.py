@@ -265,6 +265,11 @@ class Snapshot:
         now = np.broadcast_to(to_micros(now), (n,)) if n else np.zeros(0, np.int64)
         u = self.users.get_indexer(user_ids) if n else np.zeros(0, np.int64)
         i = self.items.get_indexer(item_ids) if n else np.zeros(0, np.int64)
+        return self._resolve_codes(u, i, now)
+
+    def _resolve_codes(self, u: np.ndarray, i: np.ndarray, now: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``resolve`` on user and item codes (-1: unknown) and times in µs, one per row."""
+        n = len(i)
         out = np.zeros((n, self.dim), np.float32)
         tier = np.full(n, NONE, np.int8)
 
@@ -300,8 +305,11 @@ class Snapshot:
 
     def lookup(self, user_id: str, item_ids, now) -> tuple[np.ndarray, np.ndarray]:
         """One request: ``resolve`` for one user and one time over its candidate items."""
-        item_ids = np.asarray(item_ids, dtype=object)
-        return self.resolve(np.full(len(item_ids), user_id, dtype=object), item_ids, now)
+        # The user's code once, not once per candidate: this is the online hot path.
+        n = len(item_ids)
+        u = np.full(n, self.users.get_indexer((user_id,))[0], np.int64)
+        now = np.broadcast_to(to_micros(now), (n,)) if n else np.zeros(0, np.int64)
+        return self._resolve_codes(u, self.items.get_indexer(item_ids), now)
 
 
 PAIR_COLUMNS = ("user_id", "item_id", "embedding", "computed_at", "expires_at")

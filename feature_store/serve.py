@@ -1,6 +1,6 @@
 """HTTP lookup service over the online store.
 
-    python -m feature_store.serve [--config F] [--host 127.0.0.1] [--port 8765]
+    python -m feature_store.serve [--config F] [--host 127.0.0.1] [--port 8765] [--workers N]
 
 Endpoints (all on loopback by default):
 
@@ -24,6 +24,7 @@ bounded listen backlog, at most ``[serve] max_connections`` connections (503 bey
 per request (``request_timeout_seconds``: headers and body must arrive whole in time, or the
 connection is closed and nothing of it is processed), a keep-alive timeout and a graceful shutdown
 on SIGTERM or Ctrl-C that finishes requests in flight and then flushes the buffered misses.
+``[serve] workers`` forks that many such processes on the one listening socket (``serve_workers``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -144,25 +146,42 @@ class RequestTooSlow(Exception):
     """The connection was closed because its request did not arrive whole in time."""
 
 
-async def read_body(request, max_body_bytes: int) -> bytes:
+async def read_body(scope, receive, max_body_bytes: int) -> bytes:
     """The request body, refused with 411 without a Content-Length (where it ends is unknown) and
     413 above the limit, before a byte of it is read."""
-    length = request.headers.get("content-length")
+    length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
     if length is None:
         raise BadRequest(411, "Content-Length is required")
     if int(length) > max_body_bytes:  # the HTTP parser has checked it is one decimal number
-        raise BadRequest(413, f"body of {length} bytes is over the {max_body_bytes}-byte limit")
-    from starlette.requests import ClientDisconnect
+        raise BadRequest(413, f"body of {int(length)} bytes is over the {max_body_bytes}-byte limit")
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":  # the deadline closed it, or the client went away mid-body
+            raise RequestTooSlow()
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
 
-    try:
-        return await request.body()
-    except ClientDisconnect as e:  # the deadline closed it, or the client went away mid-body
-        raise RequestTooSlow() from e
+
+def _dumps(value) -> bytes:
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+
+
+async def respond(send, status: int, body: bytes, content_type: str, headers: list | None = None) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode()),
+                            *(headers or ())]})
+    await send({"type": "http.response.body", "body": body})
 
 
 def build_app(store, metrics: Metrics, max_items: int = 1000, max_body_bytes: int = 1 << 20,
               allow_client_now: bool = False):
-    """The ASGI application: lookup, health, readiness, metrics and status; JSON errors throughout."""
+    """The ASGI application: lookup, health, readiness, metrics and status; JSON errors throughout.
+
+    ``POST /v1/lookup``, the hot path, is a bare ASGI handler: Starlette's request and response
+    objects and routing cost as much as the lookup itself. Everything else (and every other method
+    on /v1/lookup: 405) goes through Starlette."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.responses import JSONResponse, Response
@@ -171,31 +190,34 @@ def build_app(store, metrics: Metrics, max_items: int = 1000, max_body_bytes: in
     def error(status: int, message: str, **headers) -> JSONResponse:
         return JSONResponse({"error": message}, status_code=status, headers=headers or None)
 
-    async def lookup(request):
+    async def lookup(scope, receive, send):
         started = time.perf_counter()
         tiers, status = None, 200
         try:
-            body = await read_body(request, max_body_bytes)
+            body = await read_body(scope, receive, max_body_bytes)
             user, items, now = parse_request(body, max_items, allow_client_now)
             emb, tiers, run_id = store.lookup(user, items, now)
-            headers = {"X-Solaris-Snapshot": run_id or ""}
-            if BINARY_TYPE in request.headers.get("accept", "") or request.query_params.get("format") == "binary":
-                response = Response(encode_binary(emb, tiers), media_type=BINARY_TYPE, headers=headers)
+            headers = [(b"x-solaris-snapshot", (run_id or "").encode())]
+            accept = next((v for k, v in scope["headers"] if k == b"accept"), b"")
+            if BINARY_TYPE.encode() in accept or b"format=binary" in scope.get("query_string", b"").split(b"&"):
+                await respond(send, 200, encode_binary(emb, tiers), BINARY_TYPE, headers)
             else:
-                response = JSONResponse({"snapshot": run_id, "dim": int(emb.shape[1]),
-                                         "tiers": [TIERS[t] for t in tiers], "embeddings": emb.tolist()},
-                                        headers=headers)
+                await respond(send, 200, _dumps({"snapshot": run_id, "dim": int(emb.shape[1]),
+                                                 "tiers": [TIERS[t] for t in tiers], "embeddings": emb.tolist()}),
+                              "application/json", headers)
         except BadRequest as e:
-            status, response = e.status, error(e.status, str(e))
+            status = e.status
+            await respond(send, status, _dumps({"error": str(e)}), "application/json")
         except RequestTooSlow:
-            status, response = 408, Response(status_code=408)  # nobody is left to read it
+            status = 408  # nobody is left to read an answer
         except StoreUnavailable as e:  # degraded: say so and when to come back, rather than fail obscurely
-            status, response = 503, error(503, str(e), **{"Retry-After": "1"})
+            status = 503
+            await respond(send, 503, _dumps({"error": str(e)}), "application/json", [(b"retry-after", b"1")])
         except Exception as e:  # never let one request take the server down
             log.exception("lookup failed")
-            status, response = 500, error(500, f"{type(e).__name__}: {e}")
+            status = 500
+            await respond(send, 500, _dumps({"error": f"{type(e).__name__}: {e}"}), "application/json")
         metrics.observe(status, (time.perf_counter() - started) * 1000, tiers)
-        return response
 
     async def healthz(request):
         return JSONResponse({"ok": True})
@@ -214,17 +236,29 @@ def build_app(store, metrics: Metrics, max_items: int = 1000, max_body_bytes: in
         return Response(metrics.prometheus(store.status()), media_type="text/plain; version=0.0.4")
 
     async def status(request):
-        return JSONResponse(store.status())
+        return JSONResponse({**store.status(), "pid": os.getpid()})  # which worker answered
 
     async def http_error(request, exc: HTTPException):
         if exc.status_code == 404:
             return error(404, f"no such path {request.url.path}")
         return error(exc.status_code, exc.detail, **(exc.headers or {}))
 
-    routes = [Route("/v1/lookup", lookup, methods=["POST"]), Route("/healthz", healthz, methods=["GET"]),
-              Route("/readyz", readyz, methods=["GET"]), Route("/metrics", prometheus, methods=["GET"]),
+    async def not_allowed(request):  # /v1/lookup with any method but POST (POST never gets here)
+        return error(405, "Method Not Allowed", Allow="POST")
+
+    routes = [Route("/v1/lookup", not_allowed, methods=["GET", "PUT", "PATCH", "DELETE", "OPTIONS"]),
+              Route("/healthz", healthz, methods=["GET"]), Route("/readyz", readyz, methods=["GET"]),
+              Route("/metrics", prometheus, methods=["GET"]),
               Route("/v1/status", status, methods=["GET"])]  # GET routes answer HEAD too
-    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+    rest = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+
+    async def app(scope, receive, send):
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == "/v1/lookup":
+            await lookup(scope, receive, send)
+        else:
+            await rest(scope, receive, send)
+
+    return app
 
 
 def deadline_protocol(request_timeout: float):
@@ -271,6 +305,18 @@ def deadline_protocol(request_timeout: float):
     return DeadlineProtocol
 
 
+def listening_socket(host: str, port: int, backlog: int):
+    """Bound now, so the port (0: any free one) is known at once, and listening: connections wait in
+    the backlog until uvicorn runs."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(backlog)
+    return sock
+
+
 class LookupServer:
     """The lookup app under uvicorn (asyncio, httptools' C parser): bounded backlog and connection
     count (503 beyond it), a deadline per request, a keep-alive timeout and a graceful shutdown
@@ -279,17 +325,13 @@ class LookupServer:
 
     def __init__(self, store, host: str = "127.0.0.1", port: int = 8765, max_items: int = 1000,
                  max_body_bytes: int = 1 << 20, allow_client_now: bool = False, request_timeout: float = 10.0,
-                 keepalive_seconds: int = 5, max_connections: int = 1000, backlog: int = 2048):
-        import socket
-
+                 keepalive_seconds: int = 5, max_connections: int = 1000, backlog: int = 2048, sock=None):
         import uvicorn
 
         self.store, self.metrics = store, Metrics()
         app = build_app(store, self.metrics, max_items, max_body_bytes, allow_client_now)
-        self.socket = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.socket.bind((host, port))  # bound now, so the port (0: any free one) is known at once
-        self.socket.listen(backlog)  # and listening: connections wait in the backlog until uvicorn runs
+        # A socket given is one that a parent bound and shares among its workers (serve_workers).
+        self.socket = sock if sock is not None else listening_socket(host, port, backlog)
         config = uvicorn.Config(app, lifespan="off", access_log=False, log_level="warning", server_header=False,
                                 http=deadline_protocol(request_timeout), backlog=backlog,
                                 limit_concurrency=max_connections, timeout_keep_alive=keepalive_seconds,
@@ -340,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-body-bytes", type=int, help="[serve] max_body_bytes")
     p.add_argument("--no-record-misses", action="store_true", help="do not append misses to miss_queue")
     p.add_argument("--backend", choices=["embedded", "redis"], help="[serve] backend")
+    p.add_argument("--workers", type=int, help="[serve] workers: server processes sharing the port")
     p.add_argument("--redis-url", help="[redis] url")
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -348,25 +391,38 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = load_config(a.config)
     flags = {"host": a.host, "port": a.port, "poll_seconds": a.poll_seconds, "max_items": a.max_items,
-             "max_body_bytes": a.max_body_bytes, "backend": a.backend,
+             "max_body_bytes": a.max_body_bytes, "backend": a.backend, "workers": a.workers,
              "record_misses": False if a.no_record_misses else None}
     cfg = cfg.with_overrides(serve={k: v for k, v in flags.items() if v is not None},
                              redis={"url": a.redis_url} if a.redis_url else {})
     sc = cfg.serve
+    dim = configured_dim(cfg) if sc.backend == "embedded" else None
+    sock = listening_socket(sc.host, sc.port, sc.backlog)
+    if sc.workers == 1:
+        return serve_one(cfg, dim, sock)
+    return serve_workers(cfg, dim, sock, sc.workers)
+
+
+def open_store(cfg, dim: int | None):
+    sc = cfg.serve
     if sc.backend == "redis":
         from feature_store.redis_store import RedisStore
 
-        store = RedisStore(cfg.redis.url, prefix=cfg.redis.prefix)
-    else:
-        from feature_store.online import OnlineStore
+        return RedisStore(cfg.redis.url, prefix=cfg.redis.prefix)
+    from feature_store.online import OnlineStore
 
-        store = OnlineStore(cfg.lake.tables_path, dim=configured_dim(cfg), poll_seconds=sc.poll_seconds,
-                            record_misses=sc.record_misses,
-                            miss_flush_seconds=sc.miss_flush_seconds).start()
+    return OnlineStore(cfg.lake.tables_path, dim=dim, poll_seconds=sc.poll_seconds, record_misses=sc.record_misses,
+                       miss_flush_seconds=sc.miss_flush_seconds).start()
+
+
+def serve_one(cfg, dim: int | None, sock, worker: str = "") -> int:
+    """One server process on ``sock`` until SIGTERM or Ctrl-C; then its buffered misses are flushed."""
+    sc = cfg.serve
+    store = open_store(cfg, dim)
     server = LookupServer(store, sc.host, sc.port, sc.max_items, sc.max_body_bytes, sc.allow_client_now,
-                          sc.request_timeout_seconds, sc.keepalive_seconds, sc.max_connections, sc.backlog)
-    print(f"SOLARIS lookup on {server.url} ({sc.backend}; snapshot {store.status()['snapshot_run_id'] or 'none yet'})",
-          flush=True)
+                          sc.request_timeout_seconds, sc.keepalive_seconds, sc.max_connections, sc.backlog, sock=sock)
+    print(f"SOLARIS lookup{worker} on {server.url} ({sc.backend}; snapshot "
+          f"{store.status()['snapshot_run_id'] or 'none yet'})", flush=True)
     # uvicorn handles SIGTERM (docker stop, systemd, Kubernetes) and Ctrl-C while it runs, finishes the
     # requests in flight, then re-raises the signal under the handler that was there before it: this
     # one, so that the process goes on to flush the buffered misses instead of dying at once.
@@ -379,6 +435,49 @@ def main(argv: list[str] | None = None) -> int:
         server.server_close()
         store.stop()  # flushes the buffered misses
     return 0
+
+
+def serve_workers(cfg, dim: int | None, sock, workers: int) -> int:
+    """``workers`` forked processes accepting on one listening socket, each with its own store (its
+    own snapshot in memory, poller and miss flusher): one Python process tops out near one core.
+    The parent only waits: SIGTERM or Ctrl-C goes to every worker, which finishes its requests and
+    flushes its misses. A worker that dies stops the others, and the parent exits non-zero, so the
+    process manager (systemd, Kubernetes, compose) restarts the whole server rather than it running
+    short-handed unnoticed."""
+    children: list[int] = []
+    for n in range(workers):
+        pid = os.fork()  # before any thread or store exists in this process: nothing to copy half-locked
+        if pid == 0:
+            code = 1
+            try:
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                code = serve_one(cfg, dim, sock, worker=f" worker {n + 1}/{workers} (pid {os.getpid()})")
+            except BaseException:  # noqa: BLE001 - report it; the parent sees the exit code
+                log.exception("worker %d failed", n + 1)
+            finally:
+                os._exit(code)
+        children.append(pid)
+    sock.close()  # the workers hold it
+
+    def forward(signum, _frame):
+        for pid in children:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    status = 0
+    while children:
+        pid, code = os.wait()
+        children.remove(pid)
+        code = os.waitstatus_to_exitcode(code)
+        if code != 0 and status == 0:
+            log.error("worker pid %d exited with %d: stopping the others", pid, code)
+            status = 1
+            forward(signal.SIGTERM, None)
+    return status
 
 
 if __name__ == "__main__":

@@ -173,13 +173,18 @@ class ServeConfig:
     # kept-alive connection stays open, how many connections at once (503 beyond), the listen backlog
     request_timeout_seconds: float = 10.0
     keepalive_seconds: int = 5
-    max_connections: int = 1000
+    max_connections: int = 1000  # per worker
     backlog: int = 2048
+    # server processes sharing the port, each with its own snapshot in memory: one Python process
+    # tops out near one core (benchmarks/RESULTS.md); more workers cost one snapshot's memory each
+    workers: int = 1
 
     def __post_init__(self):
         if self.request_timeout_seconds <= 0 or self.keepalive_seconds < 0 or self.max_connections < 1 or self.backlog < 1:
             raise ConfigError("[serve] request_timeout_seconds must be > 0, keepalive_seconds >= 0, "
                               "max_connections and backlog >= 1")
+        if not 1 <= self.workers <= 64:
+            raise ConfigError(f"[serve] workers must be in [1, 64], got {self.workers}")
         if self.dim < 0:
             raise ConfigError(f"[serve] dim must be >= 0, got {self.dim}")
         if self.backend not in ("embedded", "redis"):

@@ -502,3 +502,83 @@ def test_an_idle_kept_alive_connection_is_closed(strict_server):
         started = time.time()
         assert s.recv(65536) == b""  # closed by the server after the keep-alive timeout (1 s)
         assert time.time() - started < 4
+
+
+def _start_service(tables, tmp_path, **serve):
+    """``python -m feature_store.serve`` on the tables, as a process; returns it and its URL once
+    every worker has printed its banner."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, free_port
+
+    port = free_port()
+    cfg = tmp_path / "serve.toml"
+    cfg.write_text(f'[lake]\nroot = "{tables.parent}"\n[serve]\nport = {port}\nallow_client_now = true\n'
+                   + "".join(f"{k} = {v}\n" for k, v in serve.items()))
+    proc = subprocess.Popen([sys.executable, "-m", "feature_store.serve", "--config", str(cfg)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen: list[str] = []
+    while sum("SOLARIS lookup" in line for line in seen) < serve.get("workers", 1):
+        seen.append(proc.stdout.readline())
+        if not seen[-1]:
+            proc.kill()
+            pytest.fail(f"the service exited: {seen}")
+    threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep draining its log
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def test_workers_share_the_port_and_every_worker_flushes_its_misses_at_sigterm(tables, tmp_path):
+    """``[serve] workers = 2``: two processes answer on one port, each with its own snapshot and miss
+    buffer. At SIGTERM both flush at once into miss_queue (two Delta writers racing): every miss of
+    every worker is there, none twice."""
+    import os
+    import signal
+
+    proc, url = _start_service(tables, tmp_path, workers=2, miss_flush_seconds=3600)
+    try:
+        pids, missed = set(), []
+        for k in range(300):  # a new connection each time: the kernel hands it to either worker
+            with LookupClient(url) as c:
+                _, tiers, _ = c.lookup("u3", ["i21", f"never_seen_{k}"], NOW)
+                assert tiers[1] == "user_mean"
+                missed.append(("u3", f"never_seen_{k}"))
+                pids.add(json.loads(c.request("GET", "/v1/status")[2])["pid"])
+            if len(pids) == 2 and k >= 20:
+                break
+        assert len(pids) == 2 and proc.pid not in pids  # two workers, neither the parent
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    rows = DeltaTable(str(tables / "miss_queue")).to_pyarrow_table().to_pylist()
+    got = sorted((r["user_id"], r["item_id"]) for r in rows if r["item_id"].startswith("never_seen"))
+    assert got == sorted(missed)
+
+
+def test_a_worker_that_dies_stops_the_server_with_an_error(tables, tmp_path):
+    """One of two workers is SIGKILLed: the parent stops the other (which still flushes) and exits
+    non-zero, so the process manager restarts the server instead of it serving on half its workers."""
+    import os
+    import signal
+
+    import psutil
+
+    proc, url = _start_service(tables, tmp_path, workers=2)
+    try:
+        workers = psutil.Process(proc.pid).children()
+        assert len(workers) == 2
+        os.kill(workers[0].pid, signal.SIGKILL)
+        assert proc.wait(60) == 1
+        assert not workers[1].is_running() or workers[1].status() == psutil.STATUS_ZOMBIE
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_workers_must_be_a_sane_count():
+    from include.config import ConfigError, ServeConfig
+
+    with pytest.raises(ConfigError, match="workers"):
+        ServeConfig(workers=0)
