@@ -352,10 +352,11 @@ def ensure_table(spark, spec: TableSpec, cfg) -> str:
     location = cfg.lake.table_path(spec.name)
     partition = f" PARTITIONED BY ({', '.join(spec.partition_by)})" if spec.partition_by else ""
     comments = ", ".join(f"{n} {t} COMMENT '{c.replace(chr(39), '')}'" for n, t, c in spec.columns)
-    spark.sql(
-        f"CREATE TABLE IF NOT EXISTS {name} ({comments}) USING DELTA{partition} "
-        f"LOCATION '{location}' COMMENT '{spec.description.replace(chr(39), '')}'"
-    )
+    from include.spark import create_if_absent
+
+    create_if_absent(spark, f"CREATE TABLE IF NOT EXISTS {name} ({comments}) USING DELTA{partition} "
+                            f"LOCATION '{location}' COMMENT '{spec.description.replace(chr(39), '')}'",
+                     lambda: spark.catalog.tableExists(name))
     # A table written by an older declaration gains the columns declared since (NULL in its old rows);
     # nothing is dropped or rewritten.
     have = set(spark.table(name).columns)

@@ -7,6 +7,7 @@ processes); ``--start S --end E`` is always a half-open range [S, E) of request 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from datetime import datetime, timezone
 from typing import Any, Callable
@@ -35,6 +36,17 @@ def prog(module: str) -> str:
     return f"python -m {module}"
 
 
+# Exit status of a job that lost a Delta transaction race to another run writing the same table.
+WRITE_CONFLICT = 3
+
+
+def write_conflict(e: BaseException) -> str | None:
+    """Delta's conflict exception and the first line of its message when ``e`` is one (another
+    writer committed to the table first, so this transaction was refused whole), else None."""
+    m = re.search(r"io\.delta\.exceptions\.(\w+(?:Concurrent|Changed)\w*|Concurrent\w+): ([^\n]*)", str(e))
+    return f"{m.group(1)}: {m.group(2)}" if m else None
+
+
 def run_at_time(argv: list[str] | None, module: str, description: str, run: Callable[[Any, Any, datetime], Any],
                 show: Callable[[Any], None]) -> int:
     """``python -m <module> --at t [--config F]``: ``show(run(spark, cfg, t))``."""
@@ -48,5 +60,15 @@ def run_at_time(argv: list[str] | None, module: str, description: str, run: Call
 
     t = parse_time(a.at)
     cfg = load_config(a.config)
-    show(run(get_spark(cfg), cfg, t))
+    try:
+        result = run(get_spark(cfg), cfg, t)
+    except Exception as e:
+        if (conflict := write_conflict(e)) is None:
+            raise
+        print(f"error: {prog(module)} --at {a.at} lost a write race: another run committed to the same table first "
+              f"({conflict}). Each table write is one Delta transaction, so this run left whole commits or "
+              f"none; the stage is idempotent for its interval: rerun it once the other run has finished.",
+              file=sys.stderr)
+        return WRITE_CONFLICT
+    show(result)
     return 0

@@ -161,11 +161,23 @@ def ensure_database(spark, cfg: SolarisConfig) -> None:
     """The config's catalog database, its warehouse folder under the lake root; a catalog that came
     with a copied or moved lake is pointed at this lake's tables (``relocate_tables``)."""
     db, want = cfg.lake.database, cfg.lake.warehouse_path / f"{cfg.lake.database}.db"
-    spark.sql(f"CREATE DATABASE IF NOT EXISTS {db} LOCATION '{want}'")
+    create_if_absent(spark, f"CREATE DATABASE IF NOT EXISTS {db} LOCATION '{want}'",
+                     lambda: spark.catalog.databaseExists(db))
     rows = {r[0]: r[1] for r in spark.sql(f"DESCRIBE DATABASE {db}").collect()}
     have = local_path(rows.get("Location", ""))
     if have != want and have.parent.name == "warehouse":
         relocate_tables(spark, cfg, old_root=have.parent.parent)
+
+
+def create_if_absent(spark, statement: str, exists) -> None:
+    """Run a ``CREATE ... IF NOT EXISTS``. On a metastore shared by several drivers, two of them
+    can both find the object missing and both create it: the Hive metastore refuses the second
+    with AlreadyExistsException, which here means the other driver won, not a failure."""
+    try:
+        spark.sql(statement)
+    except Exception as e:  # pyspark's AnalysisException wrapping the metastore's HiveException
+        if "AlreadyExistsException" not in str(e) or not exists():
+            raise
 
 
 def local_path(uri: str) -> Path:

@@ -177,3 +177,96 @@ def test_a_second_driver_on_the_embedded_metastore_stops_at_once_with_one_line(s
                        env={**os.environ, "SOLARIS_LAKE_ROOT": str(lake_root), "SOLARIS_SPARK_MASTER": "local[1]"})
     assert p.returncode != 0 and "is in use by another Spark driver" in p.stderr, p.stderr[-2000:]
     assert len(p.stderr.splitlines()) < 5 and time.time() - started < 120
+
+
+DERBY = "10.16.1.1"  # the Derby of pyspark's own jars/ folder (the embedded metastore's)
+
+
+def maven_jar(group: str, artifact: str, version: str) -> Path:
+    """A jar from Maven Central (where the Delta jars come from), cached under ~/.cache/solaris."""
+    import urllib.error
+    import urllib.request
+
+    path = Path.home() / ".cache" / "solaris" / "jars" / f"{artifact}-{version}.jar"
+    if not path.exists():
+        url = f"https://repo1.maven.org/maven2/{group.replace('.', '/')}/{artifact}/{version}/{path.name}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with urllib.request.urlopen(url, timeout=60) as r:
+                data = r.read()
+        except (urllib.error.URLError, OSError) as e:
+            pytest.skip(f"cannot fetch {url}: {e}")
+        tmp = path.with_suffix(".part")
+        tmp.write_bytes(data)
+        tmp.replace(path)
+    return path
+
+
+@pytest.fixture
+def shared_metastore(tmp_path):
+    """A Derby network server on 127.0.0.1: a Hive metastore that many Spark drivers share, as a
+    cluster's is. Yields the [spark.extra] settings that point a job at it."""
+    import pyspark
+
+    from tests.conftest import free_port
+
+    jars = Path(pyspark.__file__).parent / "jars"
+    classpath = [jars / f"{a}-{DERBY}.jar" for a in ("derby", "derbyshared", "derbytools")]
+    classpath.append(maven_jar("org.apache.derby", "derbynet", DERBY))
+    client = maven_jar("org.apache.derby", "derbyclient", DERBY)
+    port = free_port()
+    server = subprocess.Popen(["java", "-cp", ":".join(map(str, classpath)), f"-Dderby.system.home={tmp_path}",
+                               "org.apache.derby.drda.NetworkServerControl", "start", "-h", "127.0.0.1", "-p",
+                               str(port), "-noSecurityManager"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, start_new_session=True)
+    try:
+        line = server.stdout.readline()
+        assert "started and ready to accept connections" in line, line
+        yield {"spark.hadoop.javax.jdo.option.ConnectionURL": f"jdbc:derby://127.0.0.1:{port}/metastore;create=true",
+               "spark.hadoop.javax.jdo.option.ConnectionDriverName": "org.apache.derby.jdbc.ClientDriver",
+               "spark.driver.extraClassPath": str(client)}
+    finally:
+        server.terminate()
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+def test_two_runs_of_one_hour_at_once_on_a_shared_metastore_leave_one_whole_result(demo_lake, shared_metastore, tmp_path):
+    """Two precompute drivers for the same hour at once, on a shared Hive metastore (Derby's network
+    server here; PostgreSQL or MySQL on a cluster), with the catalog's tables not registered yet:
+    both register them (the loser of that race takes the winner's table), then race on the Delta
+    commits. A run that loses a commit exits 3 with one line saying so; at least one succeeds; the
+    feature tables hold exactly what a single run writes (the demo already ran this hour) and the
+    audit one row per scored pair."""
+    from deltalake import DeltaTable
+
+    from tests.conftest import serving_tables
+
+    lake, _ = demo_lake
+    cfg = tmp_path / "shared.toml"
+    cfg.write_text('[spark]\nmaster = "local[1]"\n[spark.extra]\n'
+                   + "".join(f'"{k}" = "{v}"\n' for k, v in shared_metastore.items()) + '[models]\ndevice = "cpu"\n')
+    env = {**os.environ, "SOLARIS_LAKE_ROOT": str(lake), "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+    # The metastore's own schema is created once, by its first client (a cluster runs Hive's
+    # schematool once); two first clients at once deadlock inside Derby, which says nothing of SOLARIS.
+    subprocess.run([sys.executable, "-m", "include.sql", "SHOW DATABASES", "--config", str(cfg)], cwd=ROOT, env=env,
+                   check=True, capture_output=True, timeout=600)
+    before = serving_tables(lake)
+    at = "2026-01-05T03:00:00"
+    runs = [subprocess.Popen([sys.executable, "-m", "spark_jobs.precompute", "--at", at, "--config", str(cfg)], cwd=ROOT,
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outcomes = [(p.returncode, out, err) for p in runs for out, err in [p.communicate(timeout=1200)]]
+    codes = sorted(code for code, _, _ in outcomes)
+    assert codes in ([0, 0], [0, 3]), [(c, e[-3000:]) for c, _, e in outcomes]
+    for code, out, err in outcomes:
+        if code == 0:
+            assert f"precompute run {at}" in out
+        else:  # the loser: one line that says what happened and what to do, after Spark's own log
+            last = err.strip().splitlines()[-1]
+            assert last.startswith(f"error: python -m spark_jobs.precompute --at {at} lost a write race") and "rerun it" in last
+    assert serving_tables(lake) == before
+    audit = DeltaTable(str(lake / "tables" / "verifier_scores")).to_pandas()
+    audit = audit[audit["run_id"] == at]
+    assert len(audit) > 0 and not audit.duplicated(["user_id", "item_id"]).any()
