@@ -317,22 +317,10 @@ def test_sigterm_flushes_the_buffered_misses(tables, tmp_path):
     periodic flush is an hour away) are in miss_queue afterwards."""
     import os
     import signal
-    import subprocess
-    import sys
 
-    from tests.conftest import ROOT, free_port
-
-    port = free_port()
-    cfg = tmp_path / "serve.toml"
-    cfg.write_text(f'[lake]\nroot = "{tables.parent}"\n[serve]\nport = {port}\nmiss_flush_seconds = 3600\nallow_client_now = true\n')
-    proc = subprocess.Popen([sys.executable, "-m", "feature_store.serve", "--config", str(cfg)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc, url = _start_service(tables, tmp_path, miss_flush_seconds=3600)
     try:
-        seen = []  # log lines, then the banner once it listens
-        while not any("SOLARIS lookup on" in line for line in seen[-1:]):
-            seen.append(proc.stdout.readline())
-            assert seen[-1], f"the service exited: {seen}"
-        with LookupClient(f"http://127.0.0.1:{port}") as c:
+        with LookupClient(url) as c:
             _, tiers, _ = c.lookup("u3", ["i21", "i0", "never_seen"], NOW)
         assert tiers[1:] == ["user_mean", "user_mean"]
         assert DeltaTable(str(tables / "miss_queue")).to_pyarrow_table().num_rows == 0
