@@ -22,7 +22,6 @@ START = "{{ data_interval_start.isoformat() }}"
 END = "{{ data_interval_end.isoformat() }}"
 
 
-
 def default_args() -> dict:
     """Every task's retries and timeout, from the SOLARIS config's ``[orchestration]``."""
     from include.config import load_config
