@@ -262,8 +262,11 @@ def test_a_task_killed_mid_write_is_retried_by_airflow_and_the_tables_come_out_w
     assert finished_state(base, token, run_id, 1800) == "success", tail(home)
     tries = api(base, f"/api/v2/dags/{DAG}/dagRuns/{q}/taskInstances/precompute/tries", token)["task_instances"]
     states = [t["state"] for t in sorted(tries, key=lambda t: t["try_number"]) if t["try_number"] > tries_before]
-    # one killed try (kept in the history as failed, or as up_for_retry when it was archived), then the retry
-    assert len(states) == 2 and states[0] in ("failed", "up_for_retry") and states[1] == "success", states
+    # the killed try (kept in the history as failed, or as up_for_retry when it was archived), then
+    # Airflow's retries until one succeeds: one on an idle machine; a second where the killed JVM was
+    # still letting go of the metastore when the first retry started
+    assert len(states) >= 2 and states[-1] == "success", states
+    assert all(s in ("failed", "up_for_retry") for s in states[:-1]), states
     killed_try = tries_before + 1
     log = api(base, f"/api/v2/dags/{DAG}/dagRuns/{q}/taskInstances/precompute/logs/{killed_try}?full_content=true", token)
     assert "-9" in json.dumps(log["content"])  # spark-submit's exit by SIGKILL, as the operator reported it

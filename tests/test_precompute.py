@@ -299,9 +299,12 @@ def _start_precompute(lake, t):
     cfg_file = lake.lake.root_path / "kill.toml"
     cfg_file.write_text("[precompute]\nlookback_hours = 3\ntrending_items = 5\nrecent_items_per_user = 5\n"
                         "[models]\ndevice = \"cpu\"\n")
-    return subprocess.Popen([sys.executable, "-m", "spark_jobs.precompute", "--at", t.isoformat(), "--config",
-                             str(cfg_file)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    log = lake.lake.root_path / "kill.log"  # what the process said, for a failure message
+    proc = subprocess.Popen([sys.executable, "-m", "spark_jobs.precompute", "--at", t.isoformat(), "--config",
+                             str(cfg_file)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log.open("w"),
                             start_new_session=True)
+    proc.log = log
+    return proc
 
 
 def _kill_when(proc, table_path: str, version: int) -> None:
@@ -311,10 +314,27 @@ def _kill_when(proc, table_path: str, version: int) -> None:
     deadline = time.time() + 600
     while DeltaTable(table_path).version() == version and time.time() < deadline:
         if proc.poll() is not None:
-            pytest.fail(f"precompute exited ({proc.returncode}) before it committed to {table_path}")
+            pytest.fail(f"precompute exited ({proc.returncode}) before it committed to {table_path}:\n"
+                        + "\n".join(ln for ln in proc.log.read_text().splitlines() if "WARN" not in ln)[-3000:])
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    # The Python driver is gone, but its JVM may still be dying and holding the lake's Derby lock:
+    # the next process would find the metastore in use. Wait for the whole group to be gone.
+    import psutil
+
+    def alive():
+        for p in psutil.process_iter(["status"]):
+            try:
+                if os.getpgid(p.pid) == proc.pid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                    return True
+            except (ProcessLookupError, psutil.Error):
+                pass
+        return False
+
+    deadline = time.time() + 60
+    while alive() and time.time() < deadline:
+        time.sleep(0.1)
 
 
 @pytest.mark.slow
