@@ -83,14 +83,19 @@ def start_workers(lake: Path, workers: int) -> tuple[subprocess.Popen, str]:
                    "record_misses = false\npoll_seconds = 3600\ndim = 32\n")
     proc = subprocess.Popen([sys.executable, "-m", "feature_store.serve", "--config", str(cfg)], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    banners = 0
-    while banners < workers:
-        line = proc.stdout.readline()
-        if not line:
-            sys.exit(f"feature_store.serve --workers {workers} exited")
-        banners += "SOLARIS lookup" in line
-    threading.Thread(target=proc.stdout.read, daemon=True).start()
-    return proc, f"http://127.0.0.1:{port}"
+    threading.Thread(target=proc.stdout.read, daemon=True).start()  # its log, drained
+    url = f"http://127.0.0.1:{port}"
+    import urllib.request
+
+    for _ in range(600):  # ready when it answers (the workers' log lines share one pipe)
+        if proc.poll() is not None:
+            sys.exit(f"feature_store.serve --workers {workers} exited {proc.returncode}")
+        try:
+            urllib.request.urlopen(url + "/healthz", timeout=2).close()
+            return proc, url
+        except OSError:
+            time.sleep(0.1)
+    sys.exit(f"feature_store.serve --workers {workers} did not answer in 60 s")
 
 
 def main(argv=None) -> int:

@@ -493,10 +493,14 @@ def test_an_idle_kept_alive_connection_is_closed(strict_server):
 
 
 def _start_service(tables, tmp_path, **serve):
-    """``python -m feature_store.serve`` on the tables, as a process; returns it and its URL once
-    every worker has printed its banner."""
+    """``python -m feature_store.serve`` on the tables, as a process; returns it and its URL once it
+    answers /healthz and every worker process exists. Readiness is asked over HTTP, not read from
+    the log: the workers' lines share one pipe."""
     import subprocess
     import sys
+    import urllib.request
+
+    import psutil
 
     from tests.conftest import ROOT, free_port
 
@@ -506,14 +510,23 @@ def _start_service(tables, tmp_path, **serve):
                    + "".join(f"{k} = {v}\n" for k, v in serve.items()))
     proc = subprocess.Popen([sys.executable, "-m", "feature_store.serve", "--config", str(cfg)], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    seen: list[str] = []
-    while sum("SOLARIS lookup" in line for line in seen) < serve.get("workers", 1):
-        seen.append(proc.stdout.readline())
-        if not seen[-1]:
+    log: list[str] = []
+    threading.Thread(target=lambda: log.extend(proc.stdout), daemon=True).start()  # drained from the start
+    url, workers = f"http://127.0.0.1:{port}", serve.get("workers", 1)
+    deadline = time.time() + 120
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"the service exited {proc.returncode}: {''.join(log)}")
+        try:
+            urllib.request.urlopen(url + "/healthz", timeout=2).close()
+            if workers == 1 or len(psutil.Process(proc.pid).children()) == workers:
+                return proc, url
+        except OSError:
+            pass
+        if time.time() > deadline:
             proc.kill()
-            pytest.fail(f"the service exited: {seen}")
-    threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep draining its log
-    return proc, f"http://127.0.0.1:{port}"
+            pytest.fail(f"the service did not answer in 120 s: {''.join(log)}")
+        time.sleep(0.1)
 
 
 def test_workers_share_the_port_and_every_worker_flushes_its_misses_at_sigterm(tables, tmp_path):
