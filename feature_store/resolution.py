@@ -262,14 +262,14 @@ class Snapshot:
         """
         user_ids, item_ids = np.asarray(user_ids, dtype=object), np.asarray(item_ids, dtype=object)
         n = len(item_ids)
-        now = np.broadcast_to(to_micros(now), (n,)) if n else np.zeros(0, np.int64)
         u = self.users.get_indexer(user_ids) if n else np.zeros(0, np.int64)
         i = self.items.get_indexer(item_ids) if n else np.zeros(0, np.int64)
         return self._resolve_codes(u, i, now)
 
-    def _resolve_codes(self, u: np.ndarray, i: np.ndarray, now: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``resolve`` on user and item codes (-1: unknown) and times in µs, one per row."""
+    def _resolve_codes(self, u: np.ndarray, i: np.ndarray, now) -> tuple[np.ndarray, np.ndarray]:
+        """``resolve`` on user and item codes (-1: unknown), ``now`` one time or one per row."""
         n = len(i)
+        now = np.broadcast_to(to_micros(now), (n,)) if n else np.zeros(0, np.int64)
         out = np.zeros((n, self.dim), np.float32)
         tier = np.full(n, NONE, np.int8)
 
@@ -306,9 +306,7 @@ class Snapshot:
     def lookup(self, user_id: str, item_ids, now) -> tuple[np.ndarray, np.ndarray]:
         """One request: ``resolve`` for one user and one time over its candidate items."""
         # The user's code once, not once per candidate: this is the online hot path.
-        n = len(item_ids)
-        u = np.full(n, self.users.get_indexer((user_id,))[0], np.int64)
-        now = np.broadcast_to(to_micros(now), (n,)) if n else np.zeros(0, np.int64)
+        u = np.full(len(item_ids), self.users.get_indexer((user_id,))[0], np.int64)
         return self._resolve_codes(u, self.items.get_indexer(item_ids), now)
 
 

@@ -175,6 +175,11 @@ async def respond(send, status: int, body: bytes, content_type: str, headers: li
     await send({"type": "http.response.body", "body": body})
 
 
+async def respond_error(send, status: int, message: str, headers: list | None = None) -> None:
+    """The JSON error body every other path answers with (``{"error": ...}``)."""
+    await respond(send, status, _dumps({"error": message}), "application/json", headers)
+
+
 def build_app(store, metrics: Metrics, max_items: int = 1000, max_body_bytes: int = 1 << 20,
               allow_client_now: bool = False):
     """The ASGI application: lookup, health, readiness, metrics and status; JSON errors throughout.
@@ -207,16 +212,16 @@ def build_app(store, metrics: Metrics, max_items: int = 1000, max_body_bytes: in
                               "application/json", headers)
         except BadRequest as e:
             status = e.status
-            await respond(send, status, _dumps({"error": str(e)}), "application/json")
+            await respond_error(send, status, str(e))
         except RequestTooSlow:
             status = 408  # nobody is left to read an answer
         except StoreUnavailable as e:  # degraded: say so and when to come back, rather than fail obscurely
             status = 503
-            await respond(send, 503, _dumps({"error": str(e)}), "application/json", [(b"retry-after", b"1")])
+            await respond_error(send, 503, str(e), [(b"retry-after", b"1")])
         except Exception as e:  # never let one request take the server down
             log.exception("lookup failed")
             status = 500
-            await respond(send, 500, _dumps({"error": f"{type(e).__name__}: {e}"}), "application/json")
+            await respond_error(send, 500, f"{type(e).__name__}: {e}")
         metrics.observe(status, (time.perf_counter() - started) * 1000, tiers)
 
     async def healthz(request):

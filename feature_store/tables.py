@@ -352,7 +352,7 @@ def ensure_table(spark, spec: TableSpec, cfg) -> str:
     location = cfg.lake.table_path(spec.name)
     partition = f" PARTITIONED BY ({', '.join(spec.partition_by)})" if spec.partition_by else ""
     comments = ", ".join(f"{n} {t} COMMENT '{c.replace(chr(39), '')}'" for n, t, c in spec.columns)
-    from include.spark import create_if_absent
+    from include.spark import create_if_absent  # here: this module of declarations imports nothing
 
     create_if_absent(spark, f"CREATE TABLE IF NOT EXISTS {name} ({comments}) USING DELTA{partition} "
                             f"LOCATION '{location}' COMMENT '{spec.description.replace(chr(39), '')}'",

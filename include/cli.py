@@ -43,7 +43,7 @@ WRITE_CONFLICT = 3
 def write_conflict(e: BaseException) -> str | None:
     """Delta's conflict exception and the first line of its message when ``e`` is one (another
     writer committed to the table first, so this transaction was refused whole), else None."""
-    m = re.search(r"io\.delta\.exceptions\.(\w+(?:Concurrent|Changed)\w*|Concurrent\w+): ([^\n]*)", str(e))
+    m = re.search(r"io\.delta\.exceptions\.(\w*(?:Concurrent|Changed)\w*): ([^\n]*)", str(e))
     return f"{m.group(1)}: {m.group(2)}" if m else None
 
 

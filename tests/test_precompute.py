@@ -300,9 +300,10 @@ def _start_precompute(lake, t):
     cfg_file.write_text("[precompute]\nlookback_hours = 3\ntrending_items = 5\nrecent_items_per_user = 5\n"
                         "[models]\ndevice = \"cpu\"\n")
     log = lake.lake.root_path / "kill.log"  # what the process said, for a failure message
-    proc = subprocess.Popen([sys.executable, "-m", "spark_jobs.precompute", "--at", t.isoformat(), "--config",
-                             str(cfg_file)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log.open("w"),
-                            start_new_session=True)
+    with log.open("w") as err:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen([sys.executable, "-m", "spark_jobs.precompute", "--at", t.isoformat(), "--config",
+                                 str(cfg_file)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err,
+                                start_new_session=True)
     proc.log = log
     return proc
 

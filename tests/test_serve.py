@@ -318,17 +318,13 @@ def test_sigterm_flushes_the_buffered_misses(tables, tmp_path):
     import os
     import signal
 
-    proc, url = _start_service(tables, tmp_path, miss_flush_seconds=3600)
-    try:
+    with running_service(tables, tmp_path, miss_flush_seconds=3600) as (proc, url):
         with LookupClient(url) as c:
             _, tiers, _ = c.lookup("u3", ["i21", "i0", "never_seen"], NOW)
         assert tiers[1:] == ["user_mean", "user_mean"]
         assert DeltaTable(str(tables / "miss_queue")).to_pyarrow_table().num_rows == 0
         os.kill(proc.pid, signal.SIGTERM)
         assert proc.wait(30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     rows = DeltaTable(str(tables / "miss_queue")).to_pyarrow_table().to_pylist()
     assert sorted((r["user_id"], r["item_id"]) for r in rows) == [("u3", "i0"), ("u3", "never_seen")]
 
@@ -492,10 +488,11 @@ def test_an_idle_kept_alive_connection_is_closed(strict_server):
         assert time.time() - started < 4
 
 
-def _start_service(tables, tmp_path, **serve):
-    """``python -m feature_store.serve`` on the tables, as a process; returns it and its URL once it
-    answers /healthz and every worker process exists. Readiness is asked over HTTP, not read from
-    the log: the workers' lines share one pipe."""
+@contextmanager
+def running_service(tables, tmp_path, **serve):
+    """``python -m feature_store.serve`` on the tables, as a process: yields it and its URL once it
+    answers /healthz and every worker process exists, and kills it after if it is still running.
+    Readiness is asked over HTTP, not read from the log: the workers' lines share one pipe."""
     import subprocess
     import sys
     import urllib.request
@@ -520,13 +517,18 @@ def _start_service(tables, tmp_path, **serve):
         try:
             urllib.request.urlopen(url + "/healthz", timeout=2).close()
             if workers == 1 or len(psutil.Process(proc.pid).children()) == workers:
-                return proc, url
+                break
         except OSError:
             pass
         if time.time() > deadline:
             proc.kill()
             pytest.fail(f"the service did not answer in 120 s: {''.join(log)}")
         time.sleep(0.1)
+    try:
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            proc.kill()
 
 
 def test_workers_share_the_port_and_every_worker_flushes_its_misses_at_sigterm(tables, tmp_path):
@@ -536,8 +538,7 @@ def test_workers_share_the_port_and_every_worker_flushes_its_misses_at_sigterm(t
     import os
     import signal
 
-    proc, url = _start_service(tables, tmp_path, workers=2, miss_flush_seconds=3600)
-    try:
+    with running_service(tables, tmp_path, workers=2, miss_flush_seconds=3600) as (proc, url):
         pids, missed = set(), []
         for k in range(300):  # a new connection each time: the kernel hands it to either worker
             with LookupClient(url) as c:
@@ -550,9 +551,6 @@ def test_workers_share_the_port_and_every_worker_flushes_its_misses_at_sigterm(t
         assert len(pids) == 2 and proc.pid not in pids  # two workers, neither the parent
         os.kill(proc.pid, signal.SIGTERM)
         assert proc.wait(60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     rows = DeltaTable(str(tables / "miss_queue")).to_pyarrow_table().to_pylist()
     got = sorted((r["user_id"], r["item_id"]) for r in rows if r["item_id"].startswith("never_seen"))
     assert got == sorted(missed)
@@ -566,16 +564,12 @@ def test_a_worker_that_dies_stops_the_server_with_an_error(tables, tmp_path):
 
     import psutil
 
-    proc, url = _start_service(tables, tmp_path, workers=2)
-    try:
+    with running_service(tables, tmp_path, workers=2) as (proc, _):
         workers = psutil.Process(proc.pid).children()
         assert len(workers) == 2
         os.kill(workers[0].pid, signal.SIGKILL)
         assert proc.wait(60) == 1
         assert not workers[1].is_running() or workers[1].status() == psutil.STATUS_ZOMBIE
-    finally:
-        if proc.poll() is None:
-            proc.kill()
 
 
 def test_workers_must_be_a_sane_count():
