@@ -7,12 +7,13 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast evaluate serve airflow sql spark-sql bench-ingest clean help
+.PHONY: install demo test test-fast test-compose evaluate serve airflow sql spark-sql bench-ingest clean help
 
 help:
 	@echo "make demo    - install, then run the main job on a synthetic log (local Spark, Delta lake in ./lake)"
 	@echo "make test    - install, then run the whole test suite"
 	@echo "make test-fast           - only the tests that need nothing but Python (marker unit; seconds)"
+	@echo "make test-compose        - docker compose up the whole stack in a Docker engine of its own and run an hourly DAG on it (root)"
 	@echo "make evaluate DATA=synthetic|mind|globo - replay evaluation, report in reports/replay_DATA/ (lake in lake-eval/DATA)"
 	@echo "make serve               - the online lookup service on 127.0.0.1:8765 over ./lake"
 	@echo "make airflow             - Airflow standalone (SQLite) with the SOLARIS DAGs on http://127.0.0.1:8080 (AIRFLOW_PORT=...)"
@@ -45,6 +46,12 @@ test: install
 # The inner loop: tests marked unit (no Spark, Airflow, browser, Redis or Compose). Markers in pyproject.toml.
 test-fast: install
 	$(PY) -m pytest -m unit $(PYTEST_ARGS)
+
+# docker-compose.yml for real (tests/test_compose_stack.py): its own dockerd, the images built from a
+# local Debian base, `docker compose up`, the demo log and one hourly DAG run on the stack. Root,
+# Debian's docker.io and debootstrap, and minutes: not part of `make test`.
+test-compose: install
+	SOLARIS_TEST_COMPOSE_STACK=1 $(PY) -m pytest -s tests/test_compose_stack.py $(PYTEST_ARGS)
 
 # Replay evaluation (experiments/replay.py) in a lake of its own per data set. The real logs default
 # to ../shared/datasets; Globo replays the whole histories of 5% of its users (SAMPLE=1: all).

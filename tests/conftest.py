@@ -18,7 +18,7 @@ SHARED_DATASETS = ROOT.parent / "shared" / "datasets"
 DATA = Path(__file__).with_name("data")
 
 
-NEEDS = ("spark", "e2e", "airflow", "browser", "redis", "compose", "slow", "real_data")
+NEEDS = ("spark", "e2e", "airflow", "browser", "redis", "compose", "compose_stack", "slow", "real_data")
 
 
 # Modules whose tests share the demo lake (one main-job run, minutes): one xdist group, one worker.

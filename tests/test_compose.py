@@ -125,10 +125,10 @@ def dockerfile_instructions(path) -> list[tuple[str, str]]:
 
 @pytest.mark.spark
 def test_the_image_bakes_the_delta_jars_and_the_postgres_driver(tmp_path):
-    """No container engine here to build it (see the compose stack issue), so the Dockerfile is read
-    as instructions: dependencies install before the code is copied (a code change reuses that
-    layer), every package of the project is copied, and the build step that bakes the Delta jars
-    is run here as written: it must start (and stop) a real Spark session with Delta."""
+    """The Dockerfile read as instructions, in seconds (tests/test_compose_stack.py builds it for real,
+    in minutes): dependencies install before the code is copied (a code change reuses that layer),
+    every package of the project is copied, and the build step that bakes the Delta jars is run here
+    as written: it must start (and stop) a real Spark session with Delta."""
     import re
     import shlex
     import sys
@@ -144,7 +144,8 @@ def test_the_image_bakes_the_delta_jars_and_the_postgres_driver(tmp_path):
     assert "psycopg2-binary" in (ROOT / "requirements.txt").read_text()  # Airflow's PostgreSQL driver
     users = [i for i, (op, args) in enumerate(steps) if op == "USER"]
     assert users and steps[users[-1]][1] == "solaris"  # containers do not run as root
-    assert users[-1] < next(i for i in runs if "get_spark(" in steps[i][1])  # the jars baked into solaris's cache
+    bake_at = next(i for i in runs if "get_spark(" in steps[i][1])
+    assert steps[max(u for u in users if u < bake_at)][1] == "solaris"  # the jars baked into solaris's cache
     bake = next(steps[i][1] for i in runs if "get_spark(" in steps[i][1])
     snippet = shlex.split(bake.split("python -c", 1)[1].split("&&", 1)[0])[0]
     done = subprocess.run([sys.executable, "-c", snippet], cwd=ROOT, capture_output=True, text=True, timeout=600,

@@ -1,0 +1,245 @@
+"""docker-compose.yml brought up for real: a Docker engine of the test's own, the SOLARIS image and
+stand-ins for PostgreSQL and Redis built from a local Debian base, the whole stack started with
+`docker compose up`, the demo's synthetic log written into the shared lake by a job on the Spark
+cluster, one hour of solaris_precompute triggered through Airflow's REST API, and its results read
+back: the tables through `include.sql` in the job container, the lookup container's snapshot, the
+namespace in Redis. `docker compose down -v` at the end.
+
+It needs root (dockerd, debootstrap), Debian's docker.io and debootstrap, the compose plugin, and
+several minutes: it runs with `make test-compose`, not in `make test` (docs in the README's
+docker-compose section). The engine keeps its images under ``SOLARIS_DOCKER_ROOT`` (default
+``~/.cache/solaris/dockerd``) so a second run reuses the built layers; its socket, state and logs
+live in the test's temporary folder, and it is stopped by its PID.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from include.compose_secrets import generate
+from tests.conftest import ROOT, free_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.compose_stack]
+if not os.environ.get("SOLARIS_TEST_COMPOSE_STACK"):
+    pytest.skip("the compose stack test runs with `make test-compose` (root, a Docker engine, minutes)",
+                allow_module_level=True)
+
+BASE = os.environ.get("SOLARIS_BASE_IMAGE", "solaris-base:bookworm")
+PROJECT = "solaris-stack-test"
+DAG = "solaris_precompute"
+# The demo's synthetic log: 2026-01-05 00:00 .. 04:00; the DAG computes the hour ending 03:00.
+DEMO = ["python", "-m", "spark_jobs.pipeline", "--synthetic-users", "80", "--synthetic-items", "40",
+        "--synthetic-hours", "4", "--precompute-hours", "0"]
+HOUR_END = "2026-01-05T03:00:00"
+TIMINGS: dict[str, float] = {}
+
+
+def _need(tool: str, hint: str) -> str:
+    path = shutil.which(tool)
+    if path is None:
+        pytest.fail(f"{tool} is needed: {hint}")
+    return path
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    """A dockerd of the test's own: its socket and state in a temporary folder, stopped by PID."""
+    if os.geteuid() != 0:
+        pytest.fail("the compose stack test starts dockerd and debootstrap: run it as root")
+    dockerd = _need("dockerd", "Debian: apt-get install docker.io")
+    _need("debootstrap", "Debian: apt-get install debootstrap")
+    run_dir = tmp_path_factory.mktemp("dockerd")
+    data_root = Path(os.environ.get("SOLARIS_DOCKER_ROOT", Path.home() / ".cache" / "solaris" / "dockerd"))
+    data_root.mkdir(parents=True, exist_ok=True)
+    sock = run_dir / "docker.sock"
+    log = (run_dir / "dockerd.log").open("w")
+    proc = subprocess.Popen([dockerd, "--data-root", str(data_root), "--exec-root", str(run_dir / "exec"),
+                             "--pidfile", str(run_dir / "dockerd.pid"), "--host", f"unix://{sock}"],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    env = {**os.environ, "DOCKER_HOST": f"unix://{sock}",
+           # No buildx plugin beside Debian's engine: the classic builder builds the images.
+           "DOCKER_BUILDKIT": "0"}
+    try:
+        deadline = time.monotonic() + 60
+        while subprocess.run(["docker", "info"], env=env, capture_output=True).returncode != 0:
+            assert proc.poll() is None, f"dockerd exited {proc.returncode}:\n{(run_dir / 'dockerd.log').read_text()[-3000:]}"
+            assert time.monotonic() < deadline, "dockerd did not answer in 60 s"
+            time.sleep(0.5)
+        compose = subprocess.run(["docker", "compose", "version"], env=env, capture_output=True, text=True)
+        if compose.returncode != 0:
+            pytest.fail("the docker compose plugin is needed (bash .ci/install-compose builds it)")
+        yield env, run_dir
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def sh(args: list[str], env: dict, timeout: float = 1800, check: bool = True) -> subprocess.CompletedProcess:
+    p = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    if check:
+        assert p.returncode == 0, f"{' '.join(args)} exited {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
+    return p
+
+
+def timed(name: str, fn):
+    started = time.monotonic()
+    out = fn()
+    TIMINGS[name] = time.monotonic() - started
+    print(f"[compose stack] {name}: {TIMINGS[name]:.0f} s", flush=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def images(engine):
+    """The local base, the stand-ins and the SOLARIS image (layers reused from earlier runs)."""
+    env, _ = engine
+    build = ["docker", "build", "--quiet", "--build-arg", f"BASE={BASE}"]
+    timed("local base image", lambda: sh([str(ROOT / "docker" / "local-base"), BASE], env))
+    timed("stand-in images", lambda: [
+        sh([*build, "-f", f"docker/{name}.Dockerfile", "-t", f"solaris-standin-{name}", "docker"], env)
+        for name in ("postgres", "redis")])
+    timed("SOLARIS image", lambda: sh([*build, "-t", "solaris:latest", "."], env, timeout=3600))
+    return env
+
+
+@pytest.fixture(scope="module")
+def stack(images, engine):
+    """`docker compose up -d` with the test's override; yields (compose command, env, ports);
+    `docker compose down -v` after, with the services' logs kept beside the engine's."""
+    env, run_dir = images, engine[1]
+    env_file = run_dir / "stack.env"
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in generate().items()))
+    ports = {"SOLARIS_TEST_AIRFLOW_PORT": free_port(), "SOLARIS_TEST_SPARK_UI_PORT": free_port(),
+             "SOLARIS_TEST_LOOKUP_PORT": free_port()}
+    env = {**env, **{k: str(v) for k, v in ports.items()}}
+    compose = ["docker", "compose", "--project-name", PROJECT, "--env-file", str(env_file),
+               "-f", "docker-compose.yml", "-f", "docker/compose.test.yml"]
+    sh([*compose, "down", "-v", "--remove-orphans"], env)  # what an interrupted run left
+    try:
+        up = timed("docker compose up", lambda: sh([*compose, "up", "-d", "--no-build"], env, timeout=600, check=False))
+        if up.returncode != 0:
+            logs = sh([*compose, "logs", "--no-color", "--tail", "40"], env, check=False).stdout
+            pytest.fail(f"docker compose up exited {up.returncode}:\n{up.stderr[-2000:]}\n{logs[-8000:]}")
+        yield compose, env, ports
+    finally:
+        logs = sh([*compose, "logs", "--no-color"], env, check=False)
+        (run_dir / "stack.log").write_text(logs.stdout + logs.stderr)
+        print(f"[compose stack] service logs: {run_dir / 'stack.log'}")
+        sh([*compose, "down", "-v", "--remove-orphans"], env, timeout=600, check=False)
+
+
+def api(base: str, path: str, token: str | None = None, body: dict | None = None, method: str | None = None) -> dict:
+    req = urllib.request.Request(base + path, data=None if body is None else json.dumps(body).encode(), method=method,
+                                 headers={"Content-Type": "application/json",
+                                          **({"Authorization": f"Bearer {token}"} if token else {})})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def wait_for(what: str, check, timeout: float, every: float = 3.0, logs=None):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            got = check()
+        except (OSError, ValueError, KeyError, urllib.error.URLError):
+            got = None
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}" + (f"\n{logs()}" if logs else ""))
+        time.sleep(every)
+
+
+def sql(compose: list[str], env: dict, query: str) -> list[dict]:
+    """``python -m include.sql --json`` in a one-off job container on the shared lake."""
+    out = sh([*compose, "run", "--rm", "--no-deps", "solaris", "python", "-m", "include.sql", "--json", query], env).stdout
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+@pytest.mark.timeout(5400)
+def test_compose_up_runs_the_stack_and_an_hourly_dag_run_writes_serves_and_publishes(stack):
+    compose, env, ports = stack
+    base = f"http://127.0.0.1:{ports['SOLARIS_TEST_AIRFLOW_PORT']}"
+    lookup = f"http://127.0.0.1:{ports['SOLARIS_TEST_LOOKUP_PORT']}"
+
+    def service_logs(n: int = 60) -> str:
+        return sh([*compose, "logs", "--no-color", "--tail", str(n)], env, check=False).stdout[-6000:]
+
+    # Airflow's api-server is up and the DAG parsed; the admin password is in its home volume.
+    def login():
+        password = json.loads(sh([*compose, "exec", "-T", "airflow-apiserver", "cat",
+                                  "/opt/airflow/simple_auth_manager_passwords.json.generated"], env,
+                                 check=False).stdout)["admin"]  # written once the api-server has started
+        token = api(base, "/auth/token", body={"username": "admin", "password": password})["access_token"]
+        api(base, f"/api/v2/dags/{DAG}", token)
+        return token
+
+    token = timed("Airflow ready", lambda: wait_for("Airflow's api-server and the parsed DAG", login, 600, logs=service_logs))
+    # The lookup answers before anything is published, and says it is not ready.
+    status = wait_for("the lookup", lambda: api(lookup, "/v1/status"), 120, logs=service_logs)
+    assert status["ready"] is False
+
+    # The demo's synthetic log into the shared lake, by a job on the Spark cluster; the models too.
+    out = timed("demo job on the cluster", lambda: sh([*compose, "run", "--rm", "solaris", *DEMO], env, timeout=3600))
+    requests = sql(compose, env, "SELECT count(*) AS n FROM solaris.request_log")
+    assert requests and requests[0]["n"] > 0
+
+    # One hour of solaris_precompute through the REST API, as a user triggers it.
+    api(base, f"/api/v2/dags/{DAG}", token, {"is_paused": False}, method="PATCH")
+    run_id = api(base, f"/api/v2/dags/{DAG}/dagRuns", token, {"logical_date": HOUR_END + "Z"})["dag_run_id"]
+    path = f"/api/v2/dags/{DAG}/dagRuns/{urllib.parse.quote(run_id, safe='')}"
+    state = timed("DAG run", lambda: wait_for(f"run {run_id} to finish",
+                                              lambda: (s := api(base, path, token)["state"]) in ("success", "failed") and s,
+                                              3000, logs=service_logs))
+    tis = api(base, f"{path}/taskInstances", token)["task_instances"]
+    assert state == "success", {t["task_id"]: t["state"] for t in tis}
+    assert {t["state"] for t in tis} == {"success"}
+
+    # The hour's tables, read with SQL in the job container.
+    pub = sql(compose, env, "SELECT run_id, CAST(interval_end AS STRING) AS t FROM solaris.feature_versions "
+                            "ORDER BY published_at DESC LIMIT 1")
+    assert pub and pub[0]["t"].startswith(HOUR_END.replace("T", " ")), pub
+    pairs = sql(compose, env, "SELECT count(*) AS n FROM solaris.pair_embeddings")  # this run's only
+    assert pairs[0]["n"] > 0
+    pair = sql(compose, env, "SELECT user_id, item_id, embedding FROM solaris.pair_embeddings "
+                             "ORDER BY user_id, item_id LIMIT 1")[0]
+    means = sql(compose, env, "SELECT count(*) AS n FROM solaris.user_mean_embeddings")
+    assert means[0]["n"] > 0
+
+    # The lookup container reloads and serves that snapshot.
+    status = wait_for("the lookup to load the new snapshot",
+                      lambda: (s := api(lookup, "/v1/status"))["snapshot_run_id"] == pub[0]["run_id"] and s, 120,
+                      every=1, logs=service_logs)
+    assert status["ready"] is True and status["snapshot_stats"]["pairs"] == pairs[0]["n"]
+    answer = api(lookup, "/v1/lookup", body={"user_id": pair["user_id"], "item_ids": [pair["item_id"]],
+                                             "now": HOUR_END.replace("00:00", "30:00")})
+    assert answer["snapshot"] == pub[0]["run_id"] and answer["tiers"] == ["exact"]
+    assert answer["embeddings"][0] == pytest.approx(pair["embedding"], rel=1e-6)
+    # Every SOLARIS container runs as the unprivileged user the image makes.
+    for service in ("lookup", "airflow-scheduler", "spark-worker-1"):
+        assert sh([*compose, "exec", "-T", service, "id", "-un"], env).stdout.strip() == "solaris"
+
+    # Redis holds the published namespace, and the pointer names it.
+    def redis(*args: str) -> str:
+        return sh([*compose, "exec", "-T", "redis", "redis-cli", *args], env).stdout.strip()
+
+    assert redis("GET", "solaris:current") == f"solaris:{pub[0]['run_id']}"
+    meta = json.loads(redis("GET", f"solaris:{pub[0]['run_id']}:meta"))
+    assert meta["run_id"] == pub[0]["run_id"]
+    print("[compose stack] timings (s): " + ", ".join(f"{k} {v:.0f}" for k, v in TIMINGS.items()))
