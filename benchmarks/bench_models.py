@@ -8,6 +8,11 @@ as a share of the dense float32 matmul GFLOP/s measured in the same run. The FM 
 same pairs: with one history per pair (every candidate re-encodes its user's history, as the FM
 once did) and grouped by user (``--per-user`` candidates share one encoded history, as precompute
 now runs it); their ratio is the speed-up of encoding once per user.
+
+Then the grouped FM pass at ``--variant-batch`` three ways on the same pairs: float32 eager (what
+precompute runs), bfloat16 autocast, and ``torch.compile`` (float32; its compile time apart): pairs/s
+against float32 eager, and how far each moves the embeddings (max absolute difference, and relative
+error ||e - e_fp32|| / ||e_fp32||), to hold against ``--tolerance``.
 """
 
 from __future__ import annotations
@@ -70,6 +75,10 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--pairs", type=int, default=8192)
     p.add_argument("--per-user", type=int, default=30, help="candidates per user in the grouped FM pass")
+    p.add_argument("--variant-batch", type=int, default=1024, help="batch of the precision and compile comparison")
+    p.add_argument("--tolerance", type=float, default=1e-3,
+                   help="largest relative change of the embeddings a faster variant may make to be kept")
+    p.add_argument("--skip-variants", action="store_true", help="no bfloat16 / torch.compile comparison")
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -106,7 +115,37 @@ def main(argv=None) -> int:
     one, per_user = best["FM embedding, a history per pair"], best[f"FM embedding, {a.per_user} pairs per user"]
     print(f"\nFM pairs/s, best batch: grouped by user {per_user:,.0f} vs a history per pair {one:,.0f} ({per_user / one:.1f}x)")
     print(f"FM/VM FLOPs per pair (a history per pair): {flops['FM embedding, a history per pair'] / flops['VM + FM embedding']:.0f}x")
+    if not a.skip_variants:
+        variants(fm, grouped, a.variant_batch, device, a.tolerance, a.per_user)
     return 0
+
+
+def variants(fm, arrays, batch, device, tolerance, per_user) -> None:
+    """The grouped FM pass as float32 eager, bfloat16 autocast and torch.compile, on the same pairs."""
+    from model.train import infer
+
+    def autocast_bf16(b):
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+            return fm.embed(b)
+
+    started = time.perf_counter()
+    compiled = torch.compile(fm.embed, dynamic=True)
+    infer(compiled, fm, arrays, batch, device)  # compiles (a few shapes: the last batch is shorter)
+    compile_s = time.perf_counter() - started
+    reference = infer(fm.embed, fm, arrays, batch, device)
+    base = throughput(fm.embed, fm, arrays, batch, device, min_seconds=4.0)
+    print(f"\nFM embedding, {per_user} pairs per user, batch {batch}: precision and compilation "
+          f"(tolerance: relative change <= {tolerance:g})\n")
+    print("| variant | pairs/s | vs float32 eager | max abs change | relative change | kept |\n|---|---:|---:|---:|---:|---|")
+    print(f"| float32 eager | {base:,.0f} | 1.00x | 0 | 0 | baseline |")
+    for name, fn in ((f"torch.compile (float32; compiled in {compile_s:.0f} s)", compiled),
+                     ("bfloat16 autocast", autocast_bf16)):
+        got = infer(fn, fm, arrays, batch, device)
+        rel = float(np.linalg.norm(got - reference) / np.linalg.norm(reference))
+        pps = throughput(fn, fm, arrays, batch, device, min_seconds=4.0)
+        kept = "yes" if pps > base and rel <= tolerance else ("no: slower" if pps <= base else "no: moves the embeddings")
+        print(f"| {name} | {pps:,.0f} | {pps / base:.2f}x | {np.abs(got - reference).max():.2e} | {rel:.2e} | {kept} |",
+              flush=True)
 
 
 if __name__ == "__main__":

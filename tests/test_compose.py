@@ -152,3 +152,42 @@ def test_the_image_bakes_the_delta_jars_and_the_postgres_driver(tmp_path):
                           env={**os.environ, "SOLARIS_LAKE_ROOT": str(tmp_path / "bake"), "SOLARIS_SPARK_MASTER": "local[1]"})
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "bake" / "metastore_db").is_dir()  # a real session with the Hive catalog started
+
+
+def test_the_spark_containers_and_the_scheduler_share_the_input_volume(config):
+    """The executors on the workers read the input logs the job container wrote (/data): every
+    container that runs a Spark driver or executor mounts the same volume there."""
+    svc = config["services"]
+    for name in ("airflow-scheduler", *SPARK, "solaris"):
+        data = [v for v in svc[name]["volumes"] if v["target"] == "/data"]
+        assert data and data[0]["type"] == "volume" and data[0]["source"] == "data", name
+    assert all(svc[name]["environment"]["SPARK_WORKER_DIR"].startswith("/tmp/") for name in SPARK)
+
+
+def test_the_stack_test_override_uses_the_stand_ins_and_loopback_ports_it_is_given():
+    """docker/compose.test.yml, as tests/test_compose_stack.py applies it: PostgreSQL and Redis from
+    the local stand-ins (never pulled), the published ports replaced by the test's, and a lookup that
+    answers at the synthetic log's time."""
+    ports = {"SOLARIS_TEST_AIRFLOW_PORT": "18080", "SOLARIS_TEST_SPARK_UI_PORT": "18081", "SOLARIS_TEST_LOOKUP_PORT": "18765"}
+    images = {"SOLARIS_POSTGRES_IMAGE": "solaris-standin-postgres", "SOLARIS_REDIS_IMAGE": "solaris-standin-redis",
+              "SOLARIS_BASE_IMAGE": "solaris-base:bookworm"}
+    svc = compose_config("-f", "docker-compose.yml", "-f", "docker/compose.test.yml",
+                         env={**SECRETS, **ports, **images})["services"]
+    for name in ("postgres", "redis"):
+        assert svc[name]["image"] == f"solaris-standin-{name}" and svc[name]["pull_policy"] == "never"
+    assert svc["lookup"]["build"]["args"]["BASE"] == "solaris-base:bookworm"
+    published = {name: [(p["host_ip"], p["published"]) for p in s.get("ports", [])] for name, s in svc.items() if s.get("ports")}
+    assert published == {"airflow-apiserver": [("127.0.0.1", "18080")], "spark-master": [("127.0.0.1", "18081")],
+                         "lookup": [("127.0.0.1", "18765")]}
+    config_file = svc["lookup"]["environment"]["SOLARIS_CONFIG"]
+    mount = next(v for v in svc["lookup"]["volumes"] if v["target"] == config_file)
+    assert mount["read_only"] and "allow_client_now = true" in open(mount["source"]).read()
+    missing = compose_config("-f", "docker-compose.yml", "-f", "docker/compose.test.yml", env={**SECRETS, **images},
+                             check=False)
+    assert missing.returncode != 0 and any(k in missing.stderr for k in ports)  # names the missing port
+
+
+def test_the_public_images_are_the_defaults_and_each_can_be_swapped(config):
+    svc = config["services"]
+    assert (svc["postgres"]["image"], svc["redis"]["image"]) == ("postgres:16", "redis:7")
+    assert svc["lookup"]["build"]["args"]["BASE"] == "python:3.11-slim-bookworm"

@@ -127,7 +127,8 @@ def stack(images, engine):
     env_file.write_text("".join(f"{k}={v}\n" for k, v in generate().items()))
     ports = {"SOLARIS_TEST_AIRFLOW_PORT": free_port(), "SOLARIS_TEST_SPARK_UI_PORT": free_port(),
              "SOLARIS_TEST_LOOKUP_PORT": free_port()}
-    env = {**env, **{k: str(v) for k, v in ports.items()}}
+    env = {**env, **{k: str(v) for k, v in ports.items()}, "SOLARIS_BASE_IMAGE": BASE,
+           "SOLARIS_POSTGRES_IMAGE": "solaris-standin-postgres", "SOLARIS_REDIS_IMAGE": "solaris-standin-redis"}
     compose = ["docker", "compose", "--project-name", PROJECT, "--env-file", str(env_file),
                "-f", "docker-compose.yml", "-f", "docker/compose.test.yml"]
     sh([*compose, "down", "-v", "--remove-orphans"], env)  # what an interrupted run left
