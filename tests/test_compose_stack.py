@@ -197,7 +197,7 @@ def test_compose_up_runs_the_stack_and_an_hourly_dag_run_writes_serves_and_publi
     assert status["ready"] is False
 
     # The demo's synthetic log into the shared lake, by a job on the Spark cluster; the models too.
-    out = timed("demo job on the cluster", lambda: sh([*compose, "run", "--rm", "solaris", *DEMO], env, timeout=3600))
+    timed("demo job on the cluster", lambda: sh([*compose, "run", "--rm", "solaris", *DEMO], env, timeout=3600))
     requests = sql(compose, env, "SELECT count(*) AS n FROM solaris.request_log")
     assert requests and requests[0]["n"] > 0
 
@@ -211,6 +211,13 @@ def test_compose_up_runs_the_stack_and_an_hourly_dag_run_writes_serves_and_publi
     tis = api(base, f"{path}/taskInstances", token)["task_instances"]
     assert state == "success", {t["task_id"]: t["state"] for t in tis}
     assert {t["state"] for t in tis} == {"success"}
+    # The Spark work ran on the cluster: its master lists a finished application for the demo job, the
+    # SQL check and each of the DAG's seven Spark stages.
+    spark_ui = f"http://127.0.0.1:{ports['SOLARIS_TEST_SPARK_UI_PORT']}"
+    master = api(spark_ui, "/json/")
+    assert len(master["workers"]) == 2
+    finished = [a for a in master["completedapps"] if a["state"] == "FINISHED"]
+    assert len(finished) >= 1 + 1 + 7, master["completedapps"]
 
     # The hour's tables, read with SQL in the job container.
     pub = sql(compose, env, "SELECT run_id, CAST(interval_end AS STRING) AS t FROM solaris.feature_versions "
