@@ -140,6 +140,38 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def api(base: str, path: str, token: str | None = None, body: dict | None = None, method: str | None = None) -> dict:
+    """One JSON request to a REST API the test started (Airflow's, the lookup's): the decoded answer.
+    ``body`` makes it a POST (or ``method``); ``token`` is sent as a bearer token."""
+    import json
+    import urllib.request
+
+    req = urllib.request.Request(base + path, data=None if body is None else json.dumps(body).encode(), method=method,
+                                 headers={"Content-Type": "application/json",
+                                          **({"Authorization": f"Bearer {token}"} if token else {})})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def wait_for(what: str, check, timeout: float, every: float = 0.5, errors: tuple = (Exception,), detail=None):
+    """``check()``'s first truthy answer, asked every ``every`` seconds; an exception in ``errors``
+    counts as not yet (a page still rendering, a server not up). After ``timeout`` seconds: fail,
+    saying what was awaited and, with ``detail``, what ``detail()`` returns (e.g. service logs)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            got = check()
+        except errors:
+            got = None
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}" + (f"\n{detail()}" if detail else ""))
+        time.sleep(every)
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now, for a server a test starts."""
     import socket

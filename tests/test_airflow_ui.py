@@ -13,26 +13,17 @@ import sys
 import time
 import urllib.error
 import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, free_port, serving_tables
+from tests.conftest import ROOT, api, free_port, serving_tables, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.airflow, pytest.mark.browser]
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 DAG = "solaris_precompute"
-
-
-def api(base: str, path: str, token: str | None = None, body: dict | None = None, method: str | None = None) -> dict:
-    req = urllib.request.Request(base + path, data=None if body is None else json.dumps(body).encode(), method=method,
-                                 headers={"Content-Type": "application/json",
-                                          **({"Authorization": f"Bearer {token}"} if token else {})})
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return json.loads(r.read())
 
 
 @pytest.fixture(scope="module")
@@ -100,20 +91,6 @@ def browser():
     d.implicitly_wait(0)
     yield d
     d.quit()
-
-
-def wait_for(what: str, check, timeout: float, every: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            got = check()
-        except Exception:  # the page is still rendering: elements come and go
-            got = None
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(every)
 
 
 def shown(d, css: str):

@@ -20,15 +20,13 @@ import shutil
 import signal
 import subprocess
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from include.compose_secrets import generate
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT, api, free_port, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.compose_stack]
 if not os.environ.get("SOLARIS_TEST_COMPOSE_STACK"):
@@ -145,28 +143,6 @@ def stack(images, engine):
         sh([*compose, "down", "-v", "--remove-orphans"], env, timeout=600, check=False)
 
 
-def api(base: str, path: str, token: str | None = None, body: dict | None = None, method: str | None = None) -> dict:
-    req = urllib.request.Request(base + path, data=None if body is None else json.dumps(body).encode(), method=method,
-                                 headers={"Content-Type": "application/json",
-                                          **({"Authorization": f"Bearer {token}"} if token else {})})
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return json.loads(r.read())
-
-
-def wait_for(what: str, check, timeout: float, every: float = 3.0, logs=None):
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            got = check()
-        except (OSError, ValueError, KeyError, urllib.error.URLError):
-            got = None
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}" + (f"\n{logs()}" if logs else ""))
-        time.sleep(every)
-
-
 def sql(compose: list[str], env: dict, query: str) -> list[dict]:
     """``python -m include.sql --json`` in a one-off job container on the shared lake."""
     out = sh([*compose, "run", "--rm", "--no-deps", "solaris", "python", "-m", "include.sql", "--json", query], env).stdout
@@ -191,9 +167,10 @@ def test_compose_up_runs_the_stack_and_an_hourly_dag_run_writes_serves_and_publi
         api(base, f"/api/v2/dags/{DAG}", token)
         return token
 
-    token = timed("Airflow ready", lambda: wait_for("Airflow's api-server and the parsed DAG", login, 600, logs=service_logs))
+    waiting = dict(every=3.0, errors=(OSError, ValueError, KeyError), detail=service_logs)  # URLError is an OSError
+    token = timed("Airflow ready", lambda: wait_for("Airflow's api-server and the parsed DAG", login, 600, **waiting))
     # The lookup answers before anything is published, and says it is not ready.
-    status = wait_for("the lookup", lambda: api(lookup, "/v1/status"), 120, logs=service_logs)
+    status = wait_for("the lookup", lambda: api(lookup, "/v1/status"), 120, **waiting)
     assert status["ready"] is False
 
     # The demo's synthetic log into the shared lake, by a job on the Spark cluster; the models too.
@@ -207,7 +184,7 @@ def test_compose_up_runs_the_stack_and_an_hourly_dag_run_writes_serves_and_publi
     path = f"/api/v2/dags/{DAG}/dagRuns/{urllib.parse.quote(run_id, safe='')}"
     state = timed("DAG run", lambda: wait_for(f"run {run_id} to finish",
                                               lambda: (s := api(base, path, token)["state"]) in ("success", "failed") and s,
-                                              3000, logs=service_logs))
+                                              3000, **waiting))
     tis = api(base, f"{path}/taskInstances", token)["task_instances"]
     assert state == "success", {t["task_id"]: t["state"] for t in tis}
     assert {t["state"] for t in tis} == {"success"}
@@ -219,25 +196,28 @@ def test_compose_up_runs_the_stack_and_an_hourly_dag_run_writes_serves_and_publi
     finished = [a for a in master["completedapps"] if a["state"] == "FINISHED"]
     assert len(finished) >= 1 + 1 + 7, master["completedapps"]
 
-    # The hour's tables, read with SQL in the job container.
-    pub = sql(compose, env, "SELECT run_id, CAST(interval_end AS STRING) AS t FROM solaris.feature_versions "
-                            "ORDER BY published_at DESC LIMIT 1")
-    assert pub and pub[0]["t"].startswith(HOUR_END.replace("T", " ")), pub
-    pairs = sql(compose, env, "SELECT count(*) AS n FROM solaris.pair_embeddings")  # this run's only
-    assert pairs[0]["n"] > 0
-    pair = sql(compose, env, "SELECT user_id, item_id, embedding FROM solaris.pair_embeddings "
-                             "ORDER BY user_id, item_id LIMIT 1")[0]
-    means = sql(compose, env, "SELECT count(*) AS n FROM solaris.user_mean_embeddings")
-    assert means[0]["n"] > 0
+    # The hour's tables, read with SQL in the job container: one query (each container starts a Spark
+    # driver): the newest publication, the row counts (pair_embeddings holds this run's only), one pair.
+    rows = sql(compose, env, "SELECT v.run_id, CAST(v.interval_end AS STRING) AS t, "
+                             "(SELECT count(*) FROM solaris.pair_embeddings) AS pairs, "
+                             "(SELECT count(*) FROM solaris.user_mean_embeddings) AS means, "
+                             "p.user_id, p.item_id, p.embedding "
+                             "FROM (SELECT * FROM solaris.feature_versions ORDER BY published_at DESC LIMIT 1) v "
+                             "CROSS JOIN (SELECT user_id, item_id, embedding FROM solaris.pair_embeddings "
+                             "ORDER BY user_id, item_id LIMIT 1) p")
+    assert len(rows) == 1, rows
+    pub = pair = rows[0]
+    assert pub["t"].startswith(HOUR_END.replace("T", " ")), pub
+    assert pub["pairs"] > 0 and pub["means"] > 0
 
     # The lookup container reloads and serves that snapshot.
     status = wait_for("the lookup to load the new snapshot",
-                      lambda: (s := api(lookup, "/v1/status"))["snapshot_run_id"] == pub[0]["run_id"] and s, 120,
-                      every=1, logs=service_logs)
-    assert status["ready"] is True and status["snapshot_stats"]["pairs"] == pairs[0]["n"]
+                      lambda: (s := api(lookup, "/v1/status"))["snapshot_run_id"] == pub["run_id"] and s, 120,
+                      **{**waiting, "every": 1.0})
+    assert status["ready"] is True and status["snapshot_stats"]["pairs"] == pub["pairs"]
     answer = api(lookup, "/v1/lookup", body={"user_id": pair["user_id"], "item_ids": [pair["item_id"]],
                                              "now": HOUR_END.replace("00:00", "30:00")})
-    assert answer["snapshot"] == pub[0]["run_id"] and answer["tiers"] == ["exact"]
+    assert answer["snapshot"] == pub["run_id"] and answer["tiers"] == ["exact"]
     assert answer["embeddings"][0] == pytest.approx(pair["embedding"], rel=1e-6)
     # Every SOLARIS container runs as the unprivileged user the image makes.
     for service in ("lookup", "airflow-scheduler", "spark-worker-1"):
@@ -247,7 +227,7 @@ def test_compose_up_runs_the_stack_and_an_hourly_dag_run_writes_serves_and_publi
     def redis(*args: str) -> str:
         return sh([*compose, "exec", "-T", "redis", "redis-cli", *args], env).stdout.strip()
 
-    assert redis("GET", "solaris:current") == f"solaris:{pub[0]['run_id']}"
-    meta = json.loads(redis("GET", f"solaris:{pub[0]['run_id']}:meta"))
-    assert meta["run_id"] == pub[0]["run_id"]
+    assert redis("GET", "solaris:current") == f"solaris:{pub['run_id']}"
+    meta = json.loads(redis("GET", f"solaris:{pub['run_id']}:meta"))
+    assert meta["run_id"] == pub["run_id"]
     print("[compose stack] timings (s): " + ", ".join(f"{k} {v:.0f}" for k, v in TIMINGS.items()))
