@@ -47,6 +47,7 @@ COPY feature_store feature_store
 COPY spark_jobs spark_jobs
 COPY model model
 COPY experiments experiments
+COPY examples examples
 COPY dags dags
 RUN pip install --no-cache-dir --no-deps -e .
 USER solaris

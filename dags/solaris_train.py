@@ -1,9 +1,10 @@
 """
 ### solaris_train (daily)
 
-Retrains the FM, the autoencoder and the VM variants on what the lake holds
-(`model.training.train_all`: time-ordered 70/15/15 split, on the GPU when there is one), writes the
-evaluation report beside the lake, then **gates** each new version (`model/promotion.py`): it is
+Retrains the FM, the autoencoder and every consumer's VM variants (`[[models.consumers]]` in the
+config: a click VM by default; conversion and per-surface VMs as declared, each `vm_<name>`) on what
+the lake holds (`model.training.train_all`: time-ordered 70/15/15 split, on the GPU when there is
+one), writes the evaluation report beside the lake, then **gates** each new version (`model/promotion.py`): it is
 promoted only if it is not worse than the promoted version on its held-out split (lower NE; lower
 reconstruction MSE for the autoencoder; `tolerance` param, default 0). Every decision is logged
 with both numbers. Precompute runs promoted models when its config says `"promoted"`.

@@ -82,7 +82,10 @@ WINDOWS = {  # start, end, measure_from, test_from (UTC)
 
 def pin_models(cfg, saved: dict[str, str]):
     """The replay's config: the versions trained for it, not whatever is latest later."""
-    return cfg.with_overrides(models={"root": str(cfg.models_root), "vm_version": Path(saved["vm"]).name,
+    from model.registry import consumer_name
+
+    verifier = saved[consumer_name(cfg.models.verifier)]
+    return cfg.with_overrides(models={"root": str(cfg.models_root), "vm_version": Path(verifier).name,
                                       "fm_version": Path(saved["fm"]).name,
                                       "ae_version": Path(saved["autoencoder"]).name})
 
@@ -130,7 +133,6 @@ def run(spark, cfg, source: str, w: ReplayWindow, budgets: list[float], ttls: li
     from model import registry, training
     from model.autoencoder import AEConfig, EmbeddingAutoencoder
     from model.features import Vocab
-    from model.fm import FMConfig, FoundationModel
     from experiments import coverage_sweep as sweep
 
     t0 = time.perf_counter()
@@ -154,11 +156,13 @@ def run(spark, cfg, source: str, w: ReplayWindow, budgets: list[float], ttls: li
                                                         w.end, source)
         pcfgs[p.name] = pcfg
     fm_path, ae_path = Path(trained["models"]["fm"]), Path(trained["models"]["autoencoder"])
-    fm = registry.load(fm_path, FoundationModel, FMConfig)
+    fm = registry.load_declared(fm_path, "fm", cfg.allowed_classes)
     ae = registry.load(ae_path, EmbeddingAutoencoder, AEConfig)
     log("training the VM variants on the replay's served features")
     variants = replay_eval.evaluate(cfg, rows_by_point, main.name, w.test_from, fm, ae,
                                     Vocab.load(fm_path / "vocab.json"), source, eval_config, log)
+    consumers = consumer_tables(cfg, rows_by_point[main.name], w, fm, ae, Vocab.load(fm_path / "vocab.json"),
+                                source, eval_config, variants, log)
     test_rows = rows_by_point[main.name]
     latency = lookup_latency(pcfgs[main.name].lake.tables_path, test_rows[test_rows["ts"] >= w.test_from])
     from experiments import truth
@@ -174,9 +178,31 @@ def run(spark, cfg, source: str, w: ReplayWindow, budgets: list[float], ttls: li
                                            resamples=model_config.bootstrap_resamples, seed=model_config.split.seed)
     return {"source": source, "bayes": bayes, "window": {k: getattr(w, k) for k in ("start", "end", "measure_from", "test_from")}
             | {"train_until": w.train_until}, "main": main.name, "points": results, "variants": variants,
-            "initial_models": initial,
+            "initial_models": initial, "consumers": consumers,
             "lookup_ms": latency, "seed": eval_config.vm_train.seed, "seconds": round(time.perf_counter() - t0, 1),
             "reference": training.REFERENCE}
+
+
+def consumer_tables(cfg, rows, w: ReplayWindow, fm, ae, fm_vocab, source, eval_config, main_variants,
+                    log=print) -> dict:
+    """Per consumer VM of the config (``[[models.consumers]]``): the coverage of its own rows by tier
+    over the measured hours, and its VM variants trained and tested on its served rows (a click
+    consumer of every surface is the main table itself)."""
+    from experiments import replay_eval
+
+    out = {}
+    for c in cfg.models.consumers:
+        mine = replay_eval.consumer_rows(cfg, rows, c, source)
+        if c.task == "click" and not c.surface:
+            table = {k: v for k, v in main_variants.items() if k not in ("predictions", "by_point", "fm_online_ms")}
+        else:
+            log(f"consumer {c.name}: VM variants on its served rows")
+            table = replay_eval.evaluate(cfg, {"main": mine}, "main", w.test_from, fm, ae, fm_vocab, source,
+                                         eval_config, log, same_task=c.task == "click")
+            table.pop("predictions")
+        out[c.name] = {"task": c.task, "surface": c.surface, "coverage": replay_eval.coverage(mine, w.measure_from),
+                       **{k: table[k] for k in ("rows", "bootstrap", "fm_beats_vm", "window")}}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

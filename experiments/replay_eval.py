@@ -28,7 +28,7 @@ import torch
 
 from model import data as mdata
 from model import metrics
-from model.features import Vocab, build_examples, row_inputs, subset
+from model.features import Vocab, build_examples, model_inputs, row_inputs, subset
 from model.train import TrainConfig, batches, bce_loss, fit, infer, kd_loss, n_params, pick_device, sigmoid
 from model.vm import TIER_NONE, TIERS, VerticalModel, VMConfig
 
@@ -103,10 +103,33 @@ def masked(x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {**x, "fm": np.zeros_like(x["fm"]), "tier": np.full(len(x["tier"]), TIER_NONE, np.int64)}
 
 
+def consumer_rows(cfg, rows: pd.DataFrame, consumer, source: str | None = None) -> pd.DataFrame:
+    """The served rows a consumer (``[[models.consumers]]``) reads: its surface's, labelled with its
+    task (the conversion from request_log where it is known)."""
+    if consumer.surface:
+        rows = rows[rows["surface"].astype(str) == consumer.surface]
+    if consumer.task != "click":
+        labels = mdata.read_table(cfg, "request_log", ["request_id", "item_id", consumer.task], source)
+        rows = rows.drop(columns=["label"]).merge(labels, on=["request_id", "item_id"], how="left", validate="one_to_one")
+        rows = rows[rows[consumer.task].notna()].rename(columns={consumer.task: "label"})
+    if rows.empty:
+        raise ValueError(f"consumer {consumer.name!r}: no served rows with its surface and label in the replay")
+    return rows.reset_index(drop=True)
+
+
+def coverage(rows: pd.DataFrame, since) -> dict[str, float]:
+    """Share of the rows from ``since`` on served at each tier."""
+    tiers = rows.loc[rows["ts"] >= pd.Timestamp(since), "tier"]
+    return {t: float((tiers == t).mean()) if len(tiers) else float("nan") for t in TIERS}
+
+
 def evaluate(cfg, rows_by_point: dict[str, pd.DataFrame], main: str, test_from, fm, ae, fm_vocab: Vocab,
-             source: str | None = None, ec: ReplayEvalConfig = ReplayEvalConfig(), log=print) -> dict:
+             source: str | None = None, ec: ReplayEvalConfig = ReplayEvalConfig(), log=print,
+             same_task: bool = True) -> dict:
     """Train and compare the variants on the ``main`` point's served rows; train VM + SOLARIS
-    (served) on every other point's rows too (same requests, other budget or TTL)."""
+    (served) on every other point's rows too (same requests, other budget or TTL). ``same_task``
+    False: the rows' label is not the FM's (a conversion consumer), so there is no FM row, no KD
+    teacher and no transfer ratio."""
     device = pick_device(cfg.models.device)
     vm_train = replace(ec.vm_train, device=str(device))
     t0 = time.perf_counter()
@@ -123,7 +146,7 @@ def evaluate(cfg, rows_by_point: dict[str, pd.DataFrame], main: str, test_from, 
         f"({time.perf_counter() - t0:.0f} s)")
 
     # The FM reads its own vocabulary and history length (it was trained before the replay).
-    xf = {k: build_examples(v, events, fm_vocab, fm.cfg.history_len, items, fm.cfg.horizon_hours)
+    xf = {k: model_inputs(build_examples(v, events, fm_vocab, fm.cfg.history_len, items, fm.cfg.horizon_hours), fm.inputs)
           for k, v in splits.items()}
     fm_p = {k: sigmoid(infer(fm, fm, v, device=device)) for k, v in xf.items()}
     oracle = {k: infer(lambda b: ae.encode(fm.embed(b)), fm, v, device=device) for k, v in xf.items()}
@@ -143,7 +166,7 @@ def evaluate(cfg, rows_by_point: dict[str, pd.DataFrame], main: str, test_from, 
     served = {p: aligned(p) if p != main else splits for p in rows_by_point}
     inputs = {
         "VM": lambda k: x[k],
-        "VM + KD (soft labels)": lambda k: {**x[k], "teacher": fm_p[k].astype(np.float32)},
+        **({"VM + KD (soft labels)": lambda k: {**x[k], "teacher": fm_p[k].astype(np.float32)}} if same_task else {}),
         SERVED: lambda k: {**x[k], **served_inputs(served[main][k], dim)},
         "VM + SOLARIS (exact only)": lambda k: {**x[k], **served_inputs(served[main][k], dim, exact_only=True)},
         "VM + FM embedding (oracle)": lambda k: {**x[k], "fm": oracle[k].astype(np.float32),
@@ -164,22 +187,25 @@ def evaluate(cfg, rows_by_point: dict[str, pd.DataFrame], main: str, test_from, 
     models, preds = {}, {}
     for name, make in inputs.items():
         models[name], preds[name] = train(name, make)
-    preds["FM"] = fm_p["test"]
-    ne_vm, ne_fm = (metrics.normalized_entropy(y, preds[n]) for n in ("VM", "FM"))
+    variants = [v for v in VARIANTS if v in inputs or (v == "FM" and same_task)]
+    if same_task:
+        preds["FM"] = fm_p["test"]
+    ne_vm = metrics.normalized_entropy(y, preds["VM"])
+    ne_fm = metrics.normalized_entropy(y, preds["FM"]) if same_task else float("nan")
     rows = []
-    for name in VARIANTS:
+    for name in variants:
         s = metrics.summary(y, preds[name])
         rows.append({"model": name, "params": n_params(models.get(name, fm)), **s,
                      "ne_vs_vm_pct": 100 * (s["ne"] - ne_vm) / ne_vm,
                      "transfer_ratio": metrics.transfer_ratio(ne_vm, s["ne"], ne_fm) if name != "FM"
                      else (1.0 if ne_fm < ne_vm else float("nan"))})
-    intervals = metrics.paired_bootstrap(y, {n: preds[n] for n in VARIANTS}, splits["test"]["request_id"].to_numpy(),
-                                         baseline="VM", reference="FM", resamples=ec.bootstrap_resamples,
-                                         seed=vm_train.seed)
+    intervals = metrics.paired_bootstrap(y, {n: preds[n] for n in variants}, splits["test"]["request_id"].to_numpy(),
+                                         baseline="VM", reference="FM" if same_task else None,
+                                         resamples=ec.bootstrap_resamples, seed=vm_train.seed)
     for r in rows:
         ci = intervals[r["model"]]
         r.update(ne_ci=ci["ne"], auc_ci=ci["auc"], ne_vs_vm_pct_ci=ci["ne_delta_pct_ci"], auc_vs_vm=ci["auc_delta"],
-                 auc_vs_vm_ci=ci["auc_delta_ci"], transfer_ratio_ci=ci["transfer_ratio_ci"])
+                 auc_vs_vm_ci=ci["auc_delta_ci"], transfer_ratio_ci=ci.get("transfer_ratio_ci"))
 
     # Does a fallback embedding help or hurt? The served model on each tier's rows, against the VM
     # and against the same model fed "nothing served" on those rows.
@@ -211,10 +237,10 @@ def evaluate(cfg, rows_by_point: dict[str, pd.DataFrame], main: str, test_from, 
                          "transfer_ratio": metrics.transfer_ratio(ne_vm, s["ne"], ne_fm)})
     test = splits["test"]
     predictions = pd.DataFrame({"request_id": test["request_id"].to_numpy(), "item_id": test["item_id"].to_numpy(),
-                                "label": y, **{n: preds[n] for n in VARIANTS}})
+                                "label": y, **{n: preds[n] for n in variants}})
     return {"rows": rows, "by_tier": by_tier, "by_point": by_point, "bootstrap": intervals["_meta"],
             "predictions": predictions,
-            "fm_beats_vm": intervals["_meta"]["reference_beats_baseline"],
+            "fm_beats_vm": intervals["_meta"]["reference_beats_baseline"] if same_task else None,
             "window": {k: {"rows": len(v), "requests": int(v["request_id"].nunique()), "from": str(v["ts"].min()),
                            "to": str(v["ts"].max()), "ctr": float(v["label"].mean())} for k, v in splits.items()},
             "fm_online_ms": fm_request_latency(fm, ae, xf["test"], splits["test"]["request_id"].to_numpy()),

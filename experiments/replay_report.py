@@ -34,6 +34,31 @@ def served_per_hour(point: dict, w: dict) -> float:
     return point["served"] / hours
 
 
+def consumers_markdown(r: dict) -> list[str]:
+    """Coverage and served NE per consumer VM of the config (``[[models.consumers]]``)."""
+    if not r.get("consumers"):
+        return []
+    w = r["window"]
+    out = ["", "## Per consumer: coverage and NE as served", "",
+           f"Every VM that reads the embeddings, on its own rows of the replay (its surface, its label): the tier "
+           f"each of its candidates of [{w['measure_from']:%H:%M}, {w['end']:%H:%M}) was served, and its variants on "
+           "the test hours. The FM learned clicks: a consumer of another task has no FM row, KD teacher or transfer ratio.", "",
+           "| consumer | task | surface | " + " | ".join(TIERS) + " | test rows | VM NE | VM + SOLARIS (served) vs VM "
+           "[95% CI] | oracle vs VM [95% CI] | served transfer ratio [95% CI] |",
+           "|---|---|---|" + "---:|" * (len(TIERS) + 5)]
+    for name, c in r["consumers"].items():
+        rows = {x["model"]: x for x in c["rows"]}
+        served, oracle = rows["VM + SOLARIS (served)"], rows["VM + FM embedding (oracle)"]
+        tr = ("n/a: the FM does not predict this task" if c["fm_beats_vm"] is None else
+              transfer_label(served["transfer_ratio"], served.get("transfer_ratio_ci"), c["fm_beats_vm"]))
+        out.append(f"| {name} | {c['task']} | {c['surface'] or 'all'} | "
+                   + " | ".join(pct(c["coverage"].get(t, 0.0)) for t in TIERS)
+                   + f" | {c['window']['test']['rows']:,} | {rows['VM']['ne']:.4f} | "
+                     f"{served['ne_vs_vm_pct']:+.2f}% {ci(served['ne_vs_vm_pct_ci'], '+.2f')} | "
+                     f"{oracle['ne_vs_vm_pct']:+.2f}% {ci(oracle['ne_vs_vm_pct_ci'], '+.2f')} | {tr} |")
+    return out
+
+
 def markdown(r: dict) -> str:
     w, v, main = r["window"], r["variants"], r["points"][r["main"]]
     test = v["window"]["test"]
@@ -121,6 +146,7 @@ def markdown(r: dict) -> str:
         out.append(f"| {t['tier']} | {t['pairs']:,} | {pct(t['share'])} | {t['ctr']:.3f} | {t['ne_vm']:.4f} | "
                    f"{t['ne_served']:.4f} | {t['ne_served_masked']:.4f} | {t['ne_oracle']:.4f} | "
                    f"{t['served_vs_vm_pct']:+.2f}% | {t['served_vs_masked_pct']:+.2f}% |")
+    out += consumers_markdown(r)
     q = main["miss_queue"].get("replay", {"pairs": 0, "consumed": 0})
     out += ["", f"Miss queue: {q['pairs']:,} misses recorded, {q['consumed']:,} taken in by a later cycle "
                 f"(queue_in per cycle: {', '.join(str(c['queue_in']) for c in main['cycles'])}).", "",

@@ -26,8 +26,7 @@ import pandas as pd
 from include.config import MODEL_SIZES
 from model import data as mdata
 from model import metrics, registry, training
-from model.features import Vocab, build_examples
-from model.fm import FMConfig, FoundationModel
+from model.features import Vocab, build_examples, model_inputs
 from model.train import infer, sigmoid
 
 AS_OF_REQUEST, AS_OF_HOUR = "as of the request", "as of the start of its hour"
@@ -46,7 +45,7 @@ def as_of_times(ts: pd.Series, lags_hours: list[float]) -> dict[str, pd.Series]:
 
 def run(cfg, source: str | None, ec: training.ModelSetConfig, lags_hours: list[float], until=None) -> dict:
     path = Path(registry.resolve_models(cfg)["fm"])
-    fm = registry.load(path, FoundationModel, FMConfig)
+    fm = registry.load_declared(path, "fm", cfg.allowed_classes)
     vocab = Vocab.load(path / "vocab.json")
     requests, events, items = mdata.load(cfg, source, until)
     test = mdata.split_by_time(requests, ec.split)["test"]
@@ -55,7 +54,7 @@ def run(cfg, source: str | None, ec: training.ModelSetConfig, lags_hours: list[f
     for name, at in as_of_times(test["ts"], lags_hours).items():
         x = build_examples(test.assign(ts=at.to_numpy()), events, vocab, fm.cfg.history_len, items, fm.cfg.horizon_hours)
         x["hour"] = pd.to_datetime(test["ts"]).dt.hour.to_numpy().astype(np.int64)  # the request's context
-        preds[name] = sigmoid(infer(fm, fm, x))
+        preds[name] = sigmoid(infer(fm, fm, model_inputs(x, fm.inputs)))
     ci = metrics.paired_bootstrap(y, preds, test["request_id"].to_numpy(), baseline=AS_OF_REQUEST,
                                   resamples=ec.bootstrap_resamples, seed=ec.split.seed)
     rows = [{"as_of": name, **metrics.summary(y, p), "ne_ci": ci[name]["ne"], "auc_ci": ci[name]["auc"],

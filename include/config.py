@@ -131,6 +131,33 @@ class PrecomputeConfig:
             raise ConfigError("[precompute] lookback_hours must be > 0")
 
 
+TASKS = ("click", "conversion")  # the labels a consumer VM can learn: request_log's label and conversion
+
+
+@dataclass(frozen=True)
+class ConsumerConfig:
+    """One VM that reads the served embeddings (``[[models.consumers]]``): trained, evaluated and
+    promoted on its own, as ``vm_<name>`` in the registry (with ``vm_<name>_kd`` and
+    ``vm_<name>_solaris`` beside it)."""
+
+    name: str
+    task: str = "click"  # its label: click (request_log.label) or conversion (request_log.conversion)
+    surface: str = ""  # only requests from this surface; "" all
+    class_path: str = ""  # the VM class (model.interface); "" the [models] vm_class
+    params: dict[str, Any] = field(default_factory=dict)  # its config fields beyond SOLARIS's sizes
+
+    def __post_init__(self):
+        import re
+
+        if not re.fullmatch(r"[a-z][a-z0-9_]{0,39}", self.name or ""):
+            raise ConfigError(f"[[models.consumers]] name must be lower-case letters, digits and _, "
+                              f"starting with a letter; got {self.name!r}")
+        if self.task not in TASKS:
+            raise ConfigError(f"[[models.consumers]] {self.name}: task must be one of {', '.join(TASKS)}, got {self.task!r}")
+        if not isinstance(self.params, dict):
+            raise ConfigError(f"[[models.consumers]] {self.name}: params must be a table")
+
+
 @dataclass(frozen=True)
 class ModelsConfig:
     """The model set: where the registry is, which versions the jobs run, how big training makes them."""
@@ -141,8 +168,27 @@ class ModelsConfig:
     fm_version: str = "latest"
     ae_version: str = "latest"
     device: str = "auto"  # training and FM inference: auto (CUDA when present), cpu, cuda
+    # Bring your own models (model/interface.py): classes by import path, and their config fields
+    # beyond what SOLARIS fills in. Only the classes named here (and the built-ins) ever load.
+    fm_class: str = "model.fm.FoundationModel"
+    fm_params: dict[str, Any] = field(default_factory=dict)
+    vm_class: str = "model.vm.VerticalModel"
+    vm_params: dict[str, Any] = field(default_factory=dict)  # for the consumers without a class_path of their own
+    # The VMs that read the embeddings; the daily DAG trains and gates every one.
+    consumers: tuple[ConsumerConfig, ...] = (ConsumerConfig("click"),)
+    verifier: str = "click"  # the consumer whose plain VM scores the candidates precompute chooses from
 
     def __post_init__(self):
+        if not self.consumers:
+            raise ConfigError("[models] consumers: at least one VM must read the embeddings")
+        names = [c.name for c in self.consumers]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"[[models.consumers]] names must be unique, got {names}")
+        if self.verifier not in names:
+            raise ConfigError(f"[models] verifier must name a consumer ({', '.join(names)}), got {self.verifier!r}")
+        for key in ("fm_params", "vm_params"):
+            if not isinstance(getattr(self, key), dict):
+                raise ConfigError(f"[models] {key} must be a table")
         if self.sizes not in MODEL_SIZES:
             raise ConfigError(f"[models] sizes must be one of {', '.join(MODEL_SIZES)}, got {self.sizes!r}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
@@ -245,6 +291,18 @@ class SolarisConfig:
     orchestration: OrchestrationConfig = field(default_factory=OrchestrationConfig)
 
     @property
+    def allowed_classes(self) -> frozenset[str]:
+        """The model classes the registry may load: the built-ins and those the config names."""
+        named = {self.models.fm_class, self.models.vm_class, *(c.class_path for c in self.models.consumers if c.class_path)}
+        return frozenset({"model.fm.FoundationModel", "model.vm.VerticalModel"} | named)
+
+    def consumer(self, name: str) -> ConsumerConfig:
+        for c in self.models.consumers:
+            if c.name == name:
+                return c
+        raise ConfigError(f"no consumer {name!r} in [models] consumers ({', '.join(c.name for c in self.models.consumers)})")
+
+    @property
     def models_root(self) -> Path:
         return Path(self.models.root).expanduser().resolve() if self.models.root else self.lake.root_path / "models"
 
@@ -302,14 +360,23 @@ def _build(cls: type, data: dict[str, Any], where: str):
         section = f.default_factory if f.default_factory is not dataclasses.MISSING else None
         if section is not None and dataclasses.is_dataclass(section):
             kwargs[name] = _build(section, value, key)
+        elif name in _TABLE_LISTS.get(cls.__name__, {}):  # an array of tables: [[section.name]]
+            if not isinstance(value, (list, tuple)):
+                raise ConfigError(f"config key {key} must be an array of tables ([[{key}]])")
+            item = _TABLE_LISTS[cls.__name__][name]
+            kwargs[name] = tuple(v if isinstance(v, item) else _build(item, v, key) for v in value)
         else:
             kwargs[name] = _check_type(f, value, key)
     return cls(**kwargs)
 
 
+# Fields that hold an array of tables, per config class: field -> the class of one table.
+_TABLE_LISTS = {"ModelsConfig": {"consumers": ConsumerConfig}}
+
+
 def _check_type(f: dataclasses.Field, value: Any, key: str) -> Any:
     expected = {"str": str, "int": int, "float": (int, float), "bool": bool,
-                "dict[str, str]": dict}.get(str(f.type))
+                "dict[str, str]": dict, "dict[str, Any]": dict}.get(str(f.type))
     if expected is None:
         return value
     # bool is an int in Python; reject it where an int is meant so `true` is not read as 1.

@@ -172,11 +172,12 @@ def ensure_database(spark, cfg: SolarisConfig) -> None:
 def create_if_absent(spark, statement: str, exists) -> None:
     """Run a ``CREATE ... IF NOT EXISTS``. On a metastore shared by several drivers, two of them
     can both find the object missing and both create it: the Hive metastore refuses the second
-    with AlreadyExistsException, which here means the other driver won, not a failure."""
+    with AlreadyExistsException, or Delta, when the other's entry lands between its own check and
+    its create, with DELTA_TABLE_ALREADY_EXISTS. Either means the other driver won, not a failure."""
     try:
         spark.sql(statement)
     except Exception as e:  # pyspark's AnalysisException wrapping the metastore's HiveException
-        if "AlreadyExistsException" not in str(e) or not exists():
+        if not any(m in str(e) for m in ("AlreadyExistsException", "DELTA_TABLE_ALREADY_EXISTS")) or not exists():
             raise
 
 

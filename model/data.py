@@ -47,11 +47,18 @@ def read_table(cfg, table: str, columns: list[str], source: str | None) -> pd.Da
     return _dataset(cfg, table).to_table(columns=columns, filter=flt, fragment_scan_options=checked).to_pandas()
 
 
-def load(cfg, source: str | None = None, until=None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+def load(cfg, source: str | None = None, until=None, extra_labels: list[str] = ()
+         ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(requests with known labels, user events, items) of one source (all sources when None).
     ``until``: only requests before this time (a training period that ends where a replay starts);
-    events stay whole, since every example reads only the events strictly before its request."""
-    requests = read_table(cfg, "request_log", REQUEST_COLUMNS, source)
+    events stay whole, since every example reads only the events strictly before its request.
+    ``extra_labels``: request_log's other label columns (``conversion``) to keep beside ``label``;
+    a log that has none of one is a clear error."""
+    requests = read_table(cfg, "request_log", REQUEST_COLUMNS + list(extra_labels), source)
+    for column in extra_labels:
+        if requests[column].isna().all():
+            raise ValueError(f"source {source!r} has no {column!r} label (every row NULL): a consumer that learns it "
+                             f"needs a log with one (the synthetic world has conversions)")
     requests["ts"] = utc_naive(requests["ts"])
     keep = requests["label"].notna()
     if until is not None:

@@ -278,6 +278,17 @@ def build_examples(requests: pd.DataFrame, events: pd.DataFrame, vocab: Vocab, h
     }
 
 
+# The arrays of each input group a model can declare (model/interface.py); label and position go to every model.
+GROUP_KEYS = {"context": ("user", "item", "hour", "device", "surface"), "attributes": ("category", "subcategory"),
+              "counters": ("counters",), "history": (*REQUEST_KEYS, "req")}
+
+
+def model_inputs(x: dict[str, np.ndarray], groups) -> dict[str, np.ndarray]:
+    """The arrays of ``x`` a model reading ``groups`` takes (and label, position where present)."""
+    keep = {"label", "position", *(k for g in groups for k in GROUP_KEYS[g])}
+    return {k: v for k, v in x.items() if k in keep}
+
+
 def row_inputs(x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The per-row arrays only (what a VM reads): without the request-level history."""
     return {k: v for k, v in x.items() if k not in REQUEST_KEYS and k != "req"}

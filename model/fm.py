@@ -64,6 +64,11 @@ class TargetAttention(nn.Module):
 
 
 class FoundationModel(nn.Module):
+    """The built-in FM (model.interface): reads every input group."""
+
+    config_class = FMConfig
+    inputs = frozenset({"context", "attributes", "counters", "history"})
+
     def __init__(self, cfg: FMConfig):
         super().__init__()
         self.cfg = cfg

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from torch import nn
 
 from model import registry
 from model.autoencoder import AEConfig, EmbeddingAutoencoder
 from model.features import PAD, Vocab, counter_features, group_rows, micros, recency_code
-from model.fm import FMConfig, FoundationModel
+from model.interface import BUILTIN_FM, BUILTIN_VM
 from model.train import infer, sigmoid
-from model.vm import VerticalModel, VMConfig
 
 # What the Spark jobs attach to each pair for the FM (besides user_id, item_id, ts, device, surface).
 PAIR_COLUMNS = ("category", "subcategory", "clicks_1h", "clicks_24h", "age_hours", "user_category", "user_total",
@@ -28,14 +28,16 @@ PAIR_COLUMNS = ("category", "subcategory", "clicks_1h", "clicks_24h", "age_hours
 
 
 @functools.lru_cache(maxsize=4)
-def load_vm(path: str) -> tuple[VerticalModel, Vocab]:
+def load_vm(path: str, allowed: frozenset[str] = frozenset({BUILTIN_VM})) -> tuple[nn.Module, Vocab]:
+    """A VM version of a class ``allowed`` names (the config's ``allowed_classes``), and its vocabulary."""
     p = Path(path)
-    return registry.load(p, VerticalModel, VMConfig), Vocab.load(p / "vocab.json")
+    return registry.load_declared(p, "vm", allowed), Vocab.load(p / "vocab.json")
 
 
 @functools.lru_cache(maxsize=4)
-def load_fm_encoder(fm_path: str, ae_path: str) -> tuple[FoundationModel, EmbeddingAutoencoder, Vocab]:
-    fm = registry.load(Path(fm_path), FoundationModel, FMConfig)
+def load_fm_encoder(fm_path: str, ae_path: str, allowed: frozenset[str] = frozenset({BUILTIN_FM})
+                    ) -> tuple[nn.Module, EmbeddingAutoencoder, Vocab]:
+    fm = registry.load_declared(Path(fm_path), "fm", allowed)
     ae = registry.load(Path(ae_path), EmbeddingAutoencoder, AEConfig)
     if ae.cfg.input_dim != fm.cfg.embedding_dim:
         raise registry.CheckpointMismatch(
@@ -77,35 +79,41 @@ def history_inputs(heads: pd.DataFrame, vocab: Vocab, length: int) -> dict[str, 
     return {"hist": hist.astype(np.int64), "hist_cat": hist_cat.astype(np.int64), "hist_age": hist_age.astype(np.int64)}
 
 
-def pair_inputs(pdf: pd.DataFrame, vocab: Vocab, history_len: int) -> dict[str, np.ndarray]:
-    """FM inputs of pairs at one time per user (``PAIR_COLUMNS`` attached), grouped by user."""
+def pair_inputs(pdf: pd.DataFrame, vocab: Vocab, history_len: int, groups=("context", "attributes", "counters", "history")
+                ) -> dict[str, np.ndarray]:
+    """FM inputs of pairs at one time per user, grouped by user: the input ``groups`` the FM reads
+    (model.interface), from the columns the Spark jobs attached for them (``PAIR_COLUMNS``)."""
     x = _context(pdf, vocab)
-    req, first = group_rows(pdf["user_id"])
-    x.update(req=req, **history_inputs(pdf.iloc[first], vocab, history_len))
-    x["category"] = vocab.encode("category", pdf["category"])
-    x["subcategory"] = vocab.encode("subcategory", pdf["subcategory"])
-    x["counters"] = counter_features(pdf["clicks_1h"].fillna(0), pdf["clicks_24h"].fillna(0),
-                                     pd.to_numeric(pdf["age_hours"], errors="coerce").to_numpy(np.float64),
-                                     pdf["user_category"].fillna(0), pdf["user_total"].fillna(0))
+    if "history" in groups:
+        req, first = group_rows(pdf["user_id"])
+        x.update(req=req, **history_inputs(pdf.iloc[first], vocab, history_len))
+    if "attributes" in groups:
+        x["category"] = vocab.encode("category", pdf["category"])
+        x["subcategory"] = vocab.encode("subcategory", pdf["subcategory"])
+    if "counters" in groups:
+        x["counters"] = counter_features(pdf["clicks_1h"].fillna(0), pdf["clicks_24h"].fillna(0),
+                                         pd.to_numeric(pdf["age_hours"], errors="coerce").to_numpy(np.float64),
+                                         pdf["user_category"].fillna(0), pdf["user_total"].fillna(0))
     x["position"] = np.zeros(len(pdf), np.int64)  # a precomputed pair has no slot yet
     return x
 
 
-def vm_scores(pdf: pd.DataFrame, vm_path: str, batch_size: int = 4096) -> np.ndarray:
+def vm_scores(pdf: pd.DataFrame, vm_path: str, batch_size: int = 4096,
+              allowed: frozenset[str] = frozenset({BUILTIN_VM})) -> np.ndarray:
     """Click probability of each row (user_id, item_id, ts, device, surface) by the verifier VM
     (slot unknown: no position bias)."""
-    vm, vocab = load_vm(vm_path)
+    vm, vocab = load_vm(vm_path, allowed)
     if vm.cfg.use_fm_embedding:
         raise ValueError(f"{vm_path} is a VM that reads FM embeddings; the verifier must not depend on them")
     return sigmoid(infer(vm, vm, _context(pdf, vocab), batch_size))
 
 
 def fm_codes(pdf: pd.DataFrame, fm_path: str, ae_path: str, batch_size: int = 2048,
-             device: str = "cpu") -> np.ndarray:
+             device: str = "cpu", allowed: frozenset[str] = frozenset({BUILTIN_FM})) -> np.ndarray:
     """(N, C) float32 compressed interaction embeddings of pairs with user_id, item_id, ts, device,
-    surface and ``PAIR_COLUMNS``."""
-    fm, ae, vocab = load_fm_encoder(fm_path, ae_path)
-    x = pair_inputs(pdf, vocab, fm.cfg.history_len)
+    surface and the ``PAIR_COLUMNS`` of the groups the FM reads."""
+    fm, ae, vocab = load_fm_encoder(fm_path, ae_path, allowed)
+    x = pair_inputs(pdf, vocab, fm.cfg.history_len, fm.inputs)
 
     def encode(b):
         return ae.encode(fm.embed(b))
@@ -115,11 +123,11 @@ def fm_codes(pdf: pd.DataFrame, fm_path: str, ae_path: str, batch_size: int = 20
 
 
 def fm_user_vectors(pdf: pd.DataFrame, fm_path: str, ae_path: str, batch_size: int = 4096,
-                    device: str = "cpu") -> np.ndarray:
-    """(N, 2D) float32 FM user-only vectors of rows with user_id, ts and the history columns
-    (see FoundationModel.user_vector)."""
-    fm, _, vocab = load_fm_encoder(fm_path, ae_path)
-    x = {"user": vocab.encode("user", pdf["user_id"]), **history_inputs(pdf, vocab, fm.cfg.history_len),
-         "label": np.zeros(len(pdf), np.float32)}
+                    device: str = "cpu", allowed: frozenset[str] = frozenset({BUILTIN_FM})) -> np.ndarray:
+    """(N, U) float32 FM user-only vectors of rows with user_id, ts and, for an FM that reads
+    history, the history columns (the FM's ``user_vector``)."""
+    fm, _, vocab = load_fm_encoder(fm_path, ae_path, allowed)
+    x = {"user": vocab.encode("user", pdf["user_id"]), "label": np.zeros(len(pdf), np.float32)}
+    if "history" in fm.inputs:
+        x.update(history_inputs(pdf, vocab, fm.cfg.history_len))
     return infer(fm.user_vector, fm, x, batch_size, device).astype(np.float32)
-

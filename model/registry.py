@@ -128,6 +128,32 @@ def load(path: Path, module_cls: type[nn.Module], config_cls: type, map_location
     return model.eval()
 
 
+def stored_class(path: Path) -> str:
+    """The import path of the class a version holds, as written by ``save``."""
+    try:
+        meta = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointMismatch(f"{path}: unreadable config.json ({e})") from e
+    held = meta.get("class") if isinstance(meta, dict) else None
+    if not isinstance(held, str):
+        raise CheckpointMismatch(f"{path}: config.json names no class")
+    return held
+
+
+def load_declared(path: Path, kind: str, allowed, map_location: str = "cpu") -> nn.Module:
+    """Load a version whose class the config allows (``kind``: "fm" or "vm", checked against
+    ``model.interface``). The class is imported only after the allow-list admits it, and the
+    weights load as tensors only (no pickled objects run)."""
+    from model import interface
+
+    cls = (interface.fm_class if kind == "fm" else interface.vm_class)(stored_class(path), allowed)
+    held_cfg = json.loads((Path(path) / "config.json").read_text()).get("config_class")
+    if held_cfg != interface.class_path(cls.config_class):
+        raise CheckpointMismatch(f"{path}: config class {held_cfg} is not {interface.class_path(cls)}'s "
+                                 f"{interface.class_path(cls.config_class)}")
+    return load(path, cls, cls.config_class, map_location)
+
+
 def read_json(path: Path, fname: str) -> dict:
     return json.loads((Path(path) / fname).read_text())
 
@@ -140,11 +166,18 @@ def promote(root: Path, name: str, version: str) -> None:
     tmp.replace(marker)  # atomic: readers see the old or the new version, never neither
 
 
+def consumer_name(consumer: str, variant: str = "") -> str:
+    """The registry name of a consumer VM (``[[models.consumers]]`` name) and its variant: ``vm_click``,
+    ``vm_click_kd``, ``vm_click_solaris``."""
+    return f"vm_{consumer}" + (f"_{variant}" if variant else "")
+
+
 def resolve_models(cfg) -> dict[str, str]:
-    """The model set a job runs, from the config's ``[models]`` section: {"vm", "fm", "autoencoder"}
-    -> version folder. Fails with ``FileNotFoundError`` before any work if one is missing."""
+    """The model set a job runs, from the config's ``[models]`` section: {"vm" (the verifier: the
+    plain VM of the consumer ``[models] verifier`` names), "fm", "autoencoder"} -> version folder.
+    Fails with ``FileNotFoundError`` before any work if one is missing."""
     m, root = cfg.models, cfg.models_root
-    return {"vm": str(resolve(root, "vm", m.vm_version)),
+    return {"vm": str(resolve(root, consumer_name(m.verifier), m.vm_version)),
             "fm": str(resolve(root, "fm", m.fm_version)),
             "autoencoder": str(resolve(root, "autoencoder", m.ae_version))}
 

@@ -11,6 +11,7 @@ FM embedding (tier ``exact``); serving-realistic coverage comes from the replay 
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -20,13 +21,13 @@ import pandas as pd
 import torch
 
 from model import data as mdata
-from model import metrics, registry
+from model import interface, metrics, registry
 from model.autoencoder import AEConfig, EmbeddingAutoencoder
-from model.features import Vocab, build_examples, row_inputs, subset
-from model.fm import FMConfig, FoundationModel
+from model.features import Vocab, build_examples, model_inputs, row_inputs, subset
+from model.fm import FoundationModel
 from model.train import (TrainConfig, ae_loss, bce_loss, fit, flops_per_example, infer, kd_loss, n_params,
                          pick_device, sigmoid)
-from model.vm import TIERS, VerticalModel, VMConfig
+from model.vm import TIERS, VerticalModel
 
 REFERENCE = {"kd_transfer": "20-25%", "solaris_transfer": "42-44%", "ne_gain": "0.05-0.10%"}
 
@@ -76,136 +77,260 @@ def vm_inputs(x: dict[str, np.ndarray], codes: np.ndarray | None, teacher: np.nd
     return out
 
 
+@dataclass(frozen=True)
+class Consumer:
+    """A VM that reads the served embeddings: its task's label, its surface filter, its class."""
+
+    name: str = "click"
+    task: str = "click"  # click: the ``label`` column; conversion: the ``conversion`` column
+    surface: str = ""  # "" every surface
+    vm_class: type = VerticalModel
+    params: dict = field(default_factory=dict)
+
+    @property
+    def label_column(self) -> str:
+        return "label" if self.task == "click" else self.task
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """Which FM class trains (on clicks) and which consumer VMs read its embedding."""
+
+    fm_class: type = FoundationModel
+    fm_params: dict = field(default_factory=dict)
+    consumers: tuple[Consumer, ...] = (Consumer(),)
+    primary: str = "click"  # the consumer whose table is the result's top level (the verifier)
+
+    @classmethod
+    def from_config(cls, cfg) -> "ModelChoice":
+        """The ``[models]`` section's classes (only those it allows) and consumers, every parameter
+        checked against its class before anything trains. ``vm_params`` go to the consumers of
+        ``vm_class``; a consumer with a class of its own takes its ``params`` only."""
+        m, allowed = cfg.models, cfg.allowed_classes
+        fm = interface.check_params(interface.fm_class(m.fm_class, allowed), m.fm_params)
+        consumers = []
+        for c in m.consumers:
+            params = dict(c.params) if c.class_path else {**m.vm_params, **c.params}
+            vm = interface.vm_class(c.class_path or m.vm_class, allowed)
+            try:
+                interface.check_params(vm, params)
+            except interface.ModelInterfaceError as e:
+                raise interface.ModelInterfaceError(f"consumer {c.name!r}: {e}") from None
+            consumers.append(Consumer(c.name, c.task, c.surface, vm, params))
+        return cls(fm_class=fm, fm_params=dict(m.fm_params), consumers=tuple(consumers), primary=m.verifier)
+
+    @property
+    def tasks(self) -> set[str]:
+        return {c.task for c in self.consumers}
+
+
 def train_all(cfg, source: str | None, ec: ModelSetConfig = ModelSetConfig(), log=print, until=None) -> dict:
     """Everything after ingestion: train on what the lake holds, save every model in the registry;
     returns the result table and where things were written. ``until``: train, validate and test on
-    the requests before this time only."""
+    the requests before this time only. The FM and the consumers are the config's (``[models]``)."""
     t0 = time.perf_counter()
-    requests, events, items = mdata.load(cfg, source, until)
-    result, models, extras = train_frames(requests, events, items, ec, cfg.models.device, log)
-    window, rows, root = result["window"] | {"source": source}, result["rows"], cfg.models_root
-    saved = {"fm": registry.save(root, "fm", models["FM"], rows[-1], window, extras),
-             "autoencoder": registry.save(root, "autoencoder", models["autoencoder"], result["autoencoder"], window),
-             "vm": registry.save(root, "vm", models["VM"], rows[0], window, extras),
-             "vm_kd": registry.save(root, "vm_kd", models["VM + KD (soft labels)"], rows[1], window, extras),
-             "vm_solaris": registry.save(root, "vm_solaris", models["VM + FM embedding (oracle coverage)"],
-                                         rows[2], window, extras)}
+    choice = ModelChoice.from_config(cfg)
+    requests, events, items = mdata.load(cfg, source, until, extra_labels=sorted(choice.tasks - {"click"}))
+    result, models, extras = train_frames(requests, events, items, ec, cfg.models.device, log, choice)
+    window, root = result["window"] | {"source": source}, cfg.models_root
+    saved = {"fm": registry.save(root, "fm", models["FM"], result["fm_metrics"], window, extras),
+             "autoencoder": registry.save(root, "autoencoder", models["autoencoder"], result["autoencoder"], window)}
+    for name, table in result["consumers"].items():
+        rows = {r["model"]: r for r in table["rows"]}
+        cwindow = table["window"] | {"source": source, "consumer": table["consumer"]}
+        for variant, model_name in (("", "VM"), ("kd", KD), ("solaris", ORACLE)):
+            if model_name in rows:
+                key = registry.consumer_name(name, variant)
+                saved[key] = registry.save(root, key, models[(name, model_name)], rows[model_name], cwindow, extras)
     return result | {"source": source, "window": window, "models": {k: str(v) for k, v in saved.items()},
                      "seconds": round(time.perf_counter() - t0, 1)}
 
 
+KD, ORACLE = "VM + KD (soft labels)", "VM + FM embedding (oracle coverage)"
+
+
 def train_frames(requests: pd.DataFrame, events: pd.DataFrame, items: pd.DataFrame, ec: ModelSetConfig,
-                 device_name: str = "auto", log=print) -> tuple[dict, dict, dict[str, str]]:
-    """Split ``requests`` by time, train the FM, the autoencoder and the VM variants, and compare
-    them on the test split: (result, models by name, registry extras such as the vocabulary)."""
+                 device_name: str = "auto", log=print, choice: ModelChoice = ModelChoice()
+                 ) -> tuple[dict, dict, dict[str, str]]:
+    """Split ``requests`` by time, train the FM (on ``label``, the clicks) and the autoencoder, then
+    every consumer's VM variants on its own rows of the same split, and compare them on its test
+    rows: (result, models by name (consumer VMs by (consumer, variant)), registry extras such as
+    the vocabulary). The result's top level is the primary consumer's table; ``consumers`` holds all."""
     device = pick_device(device_name)  # the [models] device: auto, cpu or cuda
     fm_train, vm_train, ae_train = (replace(t, device=str(device)) for t in (ec.fm_train, ec.vm_train, ec.ae_train))
     t0 = time.perf_counter()
     splits = mdata.split_by_time(requests, ec.split)
     train_end = splits["train"]["ts"].max()
     vocab = Vocab.fit(splits["train"], events[events["ts"] <= train_end], items)
-    x = {k: build_examples(v, events, vocab, ec.history_len, items, ec.horizon_hours) for k, v in splits.items()}
+    sizes = dict(n_users=vocab.size("user"), n_items=vocab.size("item"), n_devices=vocab.size("device"),
+                 n_surfaces=vocab.size("surface"))
+    torch.manual_seed(fm_train.seed)  # initial weights too: the same data gives the same models, whatever ran before
+    fm = interface.build(choice.fm_class, {**sizes, "n_categories": vocab.size("category"),
+                                           "n_subcategories": vocab.size("subcategory"), "history_len": ec.history_len,
+                                           "horizon_hours": ec.horizon_hours, "dim": ec.fm_dim, "layers": ec.fm_layers,
+                                           "trunk": ec.fm_trunk, "embedding_dim": ec.fm_embedding}, choice.fm_params)
+    x = {k: build_examples(v, events, vocab, fm.cfg.history_len, items, fm.cfg.horizon_hours) for k, v in splits.items()}
     log(f"  data: {', '.join(f'{k} {len(v):,} rows' for k, v in splits.items())}; "
         f"{len(vocab.values['user']):,} users, {len(vocab.values['item']):,} items in the training vocabulary "
         f"({time.perf_counter() - t0:.0f} s)")
-    sizes = dict(n_users=vocab.size("user"), n_items=vocab.size("item"), n_devices=vocab.size("device"),
-                 n_surfaces=vocab.size("surface"))
+    fm_x = {k: model_inputs(v, fm.inputs) for k, v in x.items()}
     y = x["test"]["label"]
 
-    log("  training the FM")
-    torch.manual_seed(fm_train.seed)  # initial weights too: the same data gives the same models, whatever ran before
-    fm = FoundationModel(FMConfig(**sizes, n_categories=vocab.size("category"),
-                                  n_subcategories=vocab.size("subcategory"), history_len=ec.history_len,
-                                  horizon_hours=ec.horizon_hours, dim=ec.fm_dim, layers=ec.fm_layers,
-                                  trunk=ec.fm_trunk, embedding_dim=ec.fm_embedding))
-    fit(fm, bce_loss, x["train"], x["val"], fm_train, log)
-    fm_p = {k: sigmoid(infer(fm, fm, v, device=device)) for k, v in x.items()}
-    emb = {k: infer(fm.embed, fm, v, device=device) for k, v in x.items()}
+    log(f"  training the FM ({interface.class_path(type(fm))})")
+    fit(fm, bce_loss, fm_x["train"], fm_x["val"], fm_train, log)
+    fm_p = {k: sigmoid(infer(fm, fm, v, device=device)) for k, v in fm_x.items()}
+    emb = {k: infer(fm.embed, fm, v, device=device) for k, v in fm_x.items()}
+    embedding_dim = emb["train"].shape[1]
 
     log("  training the autoencoder")
     torch.manual_seed(ae_train.seed)
-    ae = EmbeddingAutoencoder(AEConfig(input_dim=ec.fm_embedding, code_dim=ec.code_dim))
+    ae = EmbeddingAutoencoder(AEConfig(input_dim=embedding_dim, code_dim=ec.code_dim))
     ae_data = {k: {"emb": v, "label": np.zeros(len(v), dtype=np.float32)} for k, v in emb.items()}
     fit(ae, ae_loss, ae_data["train"], ae_data["val"], ae_train, log, select="loss")
     codes = {k: infer(lambda b: ae.encode(b["emb"]), ae, v, device=device) for k, v in ae_data.items()}
     recon = infer(lambda b: ae(b["emb"]), ae, ae_data["test"], device=device)
-    head_on_recon = sigmoid(infer(lambda b: fm.head(b["emb"]).squeeze(-1), fm,
-                                  {"emb": recon, "label": y}, device=device))
     ae_report = {"reconstruction_mse": float(np.mean((recon - emb["test"]) ** 2)),
                  "embedding_variance": float(np.var(emb["test"], axis=0).sum() / emb["test"].shape[1]),
-                 "fm_head_ne_original": metrics.normalized_entropy(y, fm_p["test"]),
-                 "fm_head_ne_reconstructed": metrics.normalized_entropy(y, head_on_recon)}
+                 "fm_head_ne_original": metrics.normalized_entropy(y, fm_p["test"])}
+    if callable(getattr(fm, "head", None)):  # an FM whose click logit is a head over its embedding
+        head_on_recon = sigmoid(infer(lambda b: fm.head(b["emb"]).squeeze(-1), fm, {"emb": recon, "label": y}, device=device))
+        ae_report["fm_head_ne_reconstructed"] = metrics.normalized_entropy(y, head_on_recon)
+    fm_metrics = metrics.summary(y, fm_p["test"]) | {"class": interface.class_path(type(fm))}
+    sample = subset(fm_x["test"], np.arange(min(256, len(y))))
+    fm_flops = flops_per_example(fm, fm, sample)
 
-    variants = {}
-    for name, use_fm, loss, extra in (
-            ("VM", False, bce_loss, lambda k: vm_inputs(x[k], None)),
-            ("VM + KD (soft labels)", False, kd_loss(ec.kd_alpha), lambda k: vm_inputs(x[k], None, fm_p[k])),
-            ("VM + FM embedding (oracle coverage)", True, bce_loss, lambda k: vm_inputs(x[k], codes[k]))):
-        log(f"  training {name}")
-        torch.manual_seed(vm_train.seed)
-        vm = VerticalModel(VMConfig(**sizes, use_fm_embedding=use_fm, fm_dim=ec.code_dim))
-        fit(vm, loss, extra("train"), extra("val"), vm_train, log)
-        variants[name] = (vm, sigmoid(infer(vm, vm, extra("test"), device=device)), extra("test"))
-
-    rows = []
-    ne_fm = metrics.normalized_entropy(y, fm_p["test"])
-    ne_vm = metrics.normalized_entropy(y, variants["VM"][1])
-    sample = subset(x["test"], np.arange(min(256, len(y))))
-    for name, (vm, p, xt) in variants.items():
-        s = metrics.summary(y, p)
-        rows.append({"model": name, "params": n_params(vm),
-                     "flops_per_pair": flops_per_example(vm, vm, {k: v[:256] for k, v in xt.items()}), **s,
-                     "ne_vs_vm_pct": 100 * (s["ne"] - ne_vm) / ne_vm,
-                     "transfer_ratio": metrics.transfer_ratio(ne_vm, s["ne"], ne_fm)})
-    s = metrics.summary(y, fm_p["test"])
-    rows.append({"model": "FM", "params": n_params(fm), "flops_per_pair": flops_per_example(fm, fm, sample), **s,
-                 "ne_vs_vm_pct": 100 * (s["ne"] - ne_vm) / ne_vm, "transfer_ratio": 1.0 if ne_fm < ne_vm else float("nan")})
-    intervals = metrics.paired_bootstrap(
-        y, {**{name: p for name, (_, p, _) in variants.items()}, "FM": fm_p["test"]},
-        splits["test"]["request_id"].to_numpy(), baseline="VM", reference="FM",
-        resamples=ec.bootstrap_resamples, seed=ec.split.seed)
-    for r in rows:
-        ci = intervals[r["model"]]
-        r.update(ne_ci=ci["ne"], auc_ci=ci["auc"], ne_vs_vm_pct_ci=ci["ne_delta_pct_ci"], auc_vs_vm=ci["auc_delta"],
-                 auc_vs_vm_ci=ci["auc_delta_ci"], transfer_ratio_ci=ci["transfer_ratio_ci"])
-
-    test = splits["test"]
-    predictions = pd.DataFrame({"request_id": test["request_id"].to_numpy(), "item_id": test["item_id"].to_numpy(),
-                                "label": y, **{name: p for name, (_, p, _) in variants.items()}, "FM": fm_p["test"]})
-    result = {"rows": rows, "predictions": predictions, "autoencoder": ae_report, "bootstrap": intervals["_meta"],
-              "fm_beats_vm": intervals["_meta"]["reference_beats_baseline"], "window": mdata.window(splits, None),
-              "device": str(device), "fm_vm_flops_ratio": rows[-1]["flops_per_pair"] / rows[0]["flops_per_pair"],
-              "embedding_dims": [ec.fm_embedding, ec.code_dim], "seconds": round(time.perf_counter() - t0, 1),
+    models: dict = {"FM": fm, "autoencoder": ae}
+    tables = {}
+    for c in choice.consumers:
+        rows = {k: consumer_rows(v, c) for k, v in splits.items()}
+        tables[c.name] = train_consumer(c, splits, rows, x, codes, fm_p, sizes, ec, vm_train, device, fm,
+                                        fm_flops, models, log)
+    if choice.primary not in tables:
+        raise ValueError(f"primary consumer {choice.primary!r} is not among {list(tables)}")
+    result = {**tables[choice.primary], "consumers": tables, "autoencoder": ae_report, "fm_metrics": fm_metrics,
+              "window": mdata.window(splits, None), "device": str(device), "embedding_dims": [embedding_dim, ec.code_dim],
+              "fm_class": interface.class_path(type(fm)), "seconds": round(time.perf_counter() - t0, 1),
               "reference": REFERENCE}
-    models = {"FM": fm, "autoencoder": ae, **{name: m for name, (m, _, _) in variants.items()}}
     return result, models, {"vocab.json": json.dumps(vocab.values)}
 
 
-def to_markdown(result: dict) -> str:
-    lines = [f"### {result['source']}: time-split test set ({result['window']['test']['rows']:,} rows, "
-             f"CTR {result['window']['test']['ctr']:.3f})", "",
+def consumer_rows(split: pd.DataFrame, c: Consumer) -> np.ndarray:
+    """Positions of a split's rows that consumer ``c`` trains or is tested on: its surface, and a known label."""
+    if c.label_column not in split:
+        raise ValueError(f"consumer {c.name!r} learns {c.task!r}, but the log has no {c.label_column!r} column")
+    keep = split[c.label_column].notna()
+    if c.surface:
+        keep &= split["surface"].astype(str) == c.surface
+    return np.flatnonzero(keep.to_numpy())
+
+
+def train_consumer(c: Consumer, splits, rows, x, codes, fm_p, sizes, ec: ModelSetConfig, vm_train: TrainConfig,
+                   device, fm, fm_flops: float, models: dict, log) -> dict:
+    """One consumer's VM, VM + KD (when the FM predicts its task) and VM + FM embedding (oracle),
+    trained on its rows of the split and compared on its test rows, with paired-bootstrap intervals.
+    The FM's own row (and with it transfer ratios) exists for the FM's task only."""
+    for k, r in rows.items():
+        if len(r) == 0:
+            raise ValueError(f"consumer {c.name!r} ({c.task}{', surface ' + c.surface if c.surface else ''}) has no "
+                             f"rows in the {k} split: check its surface and that the log has its label")
+    labels = {k: splits[k][c.label_column].to_numpy(dtype=np.float32)[r] for k, r in rows.items()}
+    vx = {k: {**row_inputs(subset(x[k], r)), "label": labels[k]} for k, r in rows.items()}
+    same_task = c.task == "click"  # the FM learned clicks: its probability is a teacher for clicks only
+    variants = [("VM", False, bce_loss, lambda k: vm_inputs(vx[k], None)),
+                *([(KD, False, kd_loss(ec.kd_alpha), lambda k: vm_inputs(vx[k], None, fm_p[k][rows[k]]))] if same_task else []),
+                (ORACLE, True, bce_loss, lambda k: vm_inputs(vx[k], codes[k][rows[k]]))]
+    preds, out_rows = {}, []
+    for name, use_fm, loss, inputs in variants:
+        log(f"  training {c.name}: {name}")
+        torch.manual_seed(vm_train.seed)
+        vm = interface.build(c.vm_class, {**sizes, "use_fm_embedding": use_fm, "fm_dim": ec.code_dim}, c.params)
+        fit(vm, loss, inputs("train"), inputs("val"), vm_train, log)
+        preds[name] = sigmoid(infer(vm, vm, inputs("test"), device=device))
+        models[(c.name, name)] = vm
+        xt = inputs("test")
+        out_rows.append({"model": name, "params": n_params(vm),
+                         "flops_per_pair": flops_per_example(vm, vm, {k: v[:256] for k, v in xt.items()})})
+    y = labels["test"]
+    if same_task:
+        preds["FM"] = fm_p["test"][rows["test"]]
+        out_rows.append({"model": "FM", "params": n_params(fm), "flops_per_pair": fm_flops})
+    ne_vm = metrics.normalized_entropy(y, preds["VM"])
+    ne_fm = metrics.normalized_entropy(y, preds["FM"]) if same_task else float("nan")
+    test = splits["test"].iloc[rows["test"]]
+    intervals = metrics.paired_bootstrap(y, preds, test["request_id"].to_numpy(), baseline="VM",
+                                         reference="FM" if same_task else None,
+                                         resamples=ec.bootstrap_resamples, seed=ec.split.seed)
+    for r in out_rows:
+        s = metrics.summary(y, preds[r["model"]])
+        ci = intervals[r["model"]]
+        r.update(**s, ne_vs_vm_pct=100 * (s["ne"] - ne_vm) / ne_vm,
+                 transfer_ratio=(1.0 if ne_fm < ne_vm else float("nan")) if r["model"] == "FM"
+                 else metrics.transfer_ratio(ne_vm, s["ne"], ne_fm),
+                 ne_ci=ci["ne"], auc_ci=ci["auc"], ne_vs_vm_pct_ci=ci["ne_delta_pct_ci"], auc_vs_vm=ci["auc_delta"],
+                 auc_vs_vm_ci=ci["auc_delta_ci"], transfer_ratio_ci=ci.get("transfer_ratio_ci"))
+    cwindow = {k: {"rows": int(len(r)), "requests": int(splits[k]["request_id"].iloc[r].nunique()),
+                   "from": str(splits[k]["ts"].iloc[r].min()), "to": str(splits[k]["ts"].iloc[r].max()),
+                   "ctr": float(labels[k].mean())} for k, r in rows.items()}
+    predictions = pd.DataFrame({"request_id": test["request_id"].to_numpy(), "item_id": test["item_id"].to_numpy(),
+                                "label": y, **preds})
+    return {"consumer": {"name": c.name, "task": c.task, "surface": c.surface,
+                         "class": interface.class_path(c.vm_class)},
+            "rows": out_rows, "predictions": predictions, "bootstrap": intervals["_meta"],
+            "fm_beats_vm": intervals["_meta"]["reference_beats_baseline"] if same_task else None,
+            # torch's counter sees matmuls and convolutions: a VM of lookups and products alone counts 0
+            "fm_vm_flops_ratio": fm_flops / out_rows[0]["flops_per_pair"] if out_rows[0]["flops_per_pair"] else float("nan"),
+            "window": cwindow}
+
+
+def consumer_markdown(table: dict, ci=metrics.format_interval) -> list[str]:
+    """One consumer's table: every variant with its intervals; transfer ratios only where the FM
+    predicts the consumer's task and beats its VM with an interval excluding zero."""
+    c, w = table["consumer"], table["window"]["test"]
+    rate = "CTR" if c["task"] == "click" else f"{c['task']} rate"
+    lines = [f"#### consumer `{c['name']}`: {c['task']}{', surface ' + c['surface'] if c['surface'] else ''} "
+             f"({c['class']}; {w['rows']:,} test rows, {rate} {w['ctr']:.4f})", "",
              "| model | params | FLOPs/pair | NE [95% CI] | AUC [95% CI] | calibration | NE vs VM [95% CI] | "
              "AUC vs VM [95% CI] | transfer ratio [95% CI] |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    fm_better, ci = result["fm_beats_vm"], metrics.format_interval
-    for r in result["rows"]:
-        tr = "" if r["model"] in ("VM", "FM") else metrics.transfer_label(r["transfer_ratio"], r["transfer_ratio_ci"], fm_better)
+    fm_better = table["fm_beats_vm"]
+    for r in table["rows"]:
+        tr = ("" if r["model"] in ("VM", "FM") else "n/a: the FM does not predict this task" if fm_better is None
+              else metrics.transfer_label(r["transfer_ratio"], r["transfer_ratio_ci"], fm_better))
         lines.append(f"| {r['model']} | {r['params']:,} | {r['flops_per_pair']:,.0f} | {r['ne']:.4f} {ci(r['ne_ci'], '.4f')} | "
                      f"{r['auc']:.4f} {ci(r['auc_ci'], '.4f')} | {r['calibration']:.3f} | "
                      f"{r['ne_vs_vm_pct']:+.2f}% {ci(r['ne_vs_vm_pct_ci'], '+.2f')} | "
                      f"{r['auc_vs_vm']:+.4f} {ci(r['auc_vs_vm_ci'], '+.4f')} | {tr} |")
-    b = result["bootstrap"]
-    verdict = ("the FM beats the VM: the interval of its NE delta lies below zero" if fm_better else
+    b, ratio = table["bootstrap"], table["fm_vm_flops_ratio"]
+    flops = f"{ratio:,.0f}x" if math.isfinite(ratio) else "n/a (the counter sees no matmul in the VM)"
+    verdict = ("the FM was trained on clicks: it has no prediction (and KD no teacher) for this task, so NE deltas "
+               "against the VM are the result" if fm_better is None else
+               "the FM beats the VM: the interval of its NE delta lies below zero" if fm_better else
                "the FM does not beat the VM with an interval that excludes zero, so no transfer ratio is shown")
-    lines += ["", f"Intervals: paired bootstrap over the {b['groups']:,} test requests, {b['resamples']:,} resamples; {verdict}."]
+    return lines + ["", f"Intervals: paired bootstrap over the {b['groups']:,} test requests, {b['resamples']:,} "
+                        f"resamples; {verdict}. FM/VM FLOPs per pair: {flops}."]
+
+
+def to_markdown(result: dict) -> str:
+    lines = [f"### {result['source']}: time-split test set ({result['window']['test']['rows']:,} rows, "
+             f"CTR {result['window']['test']['ctr']:.3f}); FM {result['fm_class']}", ""]
+    for table in result["consumers"].values():
+        lines += consumer_markdown(table) + [""]
     a = result["autoencoder"]
-    lines += ["", f"FM/VM FLOPs per pair: {result['fm_vm_flops_ratio']:,.0f}x. Autoencoder "
-              f"({result['embedding_dims'][0]} -> {result['embedding_dims'][1]} floats): reconstruction MSE {a['reconstruction_mse']:.4g} "
-              f"(per-dimension embedding variance {a['embedding_variance']:.4g}); FM head NE on the original "
-              f"embedding {a['fm_head_ne_original']:.4f}, on the reconstruction {a['fm_head_ne_reconstructed']:.4f}.",
+    recon = (f", on the reconstruction {a['fm_head_ne_reconstructed']:.4f}" if "fm_head_ne_reconstructed" in a else "")
+    lines += [f"Autoencoder ({result['embedding_dims'][0]} -> {result['embedding_dims'][1]} floats): reconstruction "
+              f"MSE {a['reconstruction_mse']:.4g} (per-dimension embedding variance {a['embedding_variance']:.4g}); FM NE "
+              f"{a['fm_head_ne_original']:.4f}{recon}.",
               f"Paper reference: KD transfers {REFERENCE['kd_transfer']}, SOLARIS {REFERENCE['solaris_transfer']}.",
               f"Trained on {result['device']} in {result['seconds']} s."]
     return "\n".join(lines)
+
+
+def without_predictions(result: dict) -> dict:
+    """The result as JSON keeps it: no per-row predictions, at the top or per consumer."""
+    out = {k: v for k, v in result.items() if k != "predictions"}
+    if "consumers" in out:
+        out["consumers"] = {n: {k: v for k, v in t.items() if k != "predictions"} for n, t in out["consumers"].items()}
+    return out
 
 
 def write_report(result: dict, out: Path, markdown: str | None = None) -> tuple[Path, Path]:
@@ -214,6 +339,6 @@ def write_report(result: dict, out: Path, markdown: str | None = None) -> tuple[
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"model_eval_{result['source'] or 'all'}"
     js, md = stem.with_suffix(".json"), stem.with_suffix(".md")
-    js.write_text(json.dumps({k: v for k, v in result.items() if k != "predictions"}, indent=1, default=float))
+    js.write_text(json.dumps(without_predictions(result), indent=1, default=float))
     md.write_text((markdown or to_markdown(result)) + "\n")
     return js, md

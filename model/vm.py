@@ -31,6 +31,10 @@ class VMConfig:
 
 
 class VerticalModel(nn.Module):
+    """The built-in VM (model.interface)."""
+
+    config_class = VMConfig
+
     def __init__(self, cfg: VMConfig):
         super().__init__()
         self.cfg = cfg

@@ -72,21 +72,28 @@ def user_counts(events: DataFrame, users: DataFrame, items: DataFrame | None, t:
 
 
 def with_fm_inputs(pairs: DataFrame, events: DataFrame, items: DataFrame | None, t: datetime, length: int,
-                   horizon_hours: float) -> DataFrame:
-    """``pairs`` (user_id, item_id, ...) with every column ``model.inference.PAIR_COLUMNS`` names, as of t."""
+                   horizon_hours: float, groups=("context", "attributes", "counters", "history")) -> DataFrame:
+    """``pairs`` (user_id, item_id, ...) with the columns of ``model.inference.PAIR_COLUMNS`` that the
+    FM's input ``groups`` read (model.interface), as of t: no scan of events for what it does not read."""
     users = pairs.select("user_id").distinct()
     attrs = (items.select("item_id", "category", "subcategory") if items is not None else
              pairs.select("item_id").distinct().select("item_id", F.lit(None).cast("string").alias("category"),
                                                        F.lit(None).cast("string").alias("subcategory")))
-    totals, per_cat = user_counts(events, users, items, t, horizon_hours)
-    return (pairs.join(attrs, "item_id", "left")
-            .join(item_counts(events, t, horizon_hours), "item_id", "left")
-            .join(totals, "user_id", "left")
-            .join(per_cat, ["user_id", "category"], "left")
-            .join(histories(events, users, t, length, horizon_hours, items), "user_id", "left"))
+    out = pairs
+    if "attributes" in groups or "counters" in groups:  # the user's per-category counters join on the category
+        out = out.join(attrs, "item_id", "left")
+    if "counters" in groups:
+        totals, per_cat = user_counts(events, users, items, t, horizon_hours)
+        out = (out.join(item_counts(events, t, horizon_hours), "item_id", "left")
+               .join(totals, "user_id", "left")
+               .join(per_cat, ["user_id", "category"], "left"))
+    if "history" in groups:
+        out = out.join(histories(events, users, t, length, horizon_hours, items), "user_id", "left")
+    return out
 
 
-def embed(pairs: DataFrame, fm_path: str, ae_path: str, t: datetime, device: str = "cpu") -> DataFrame:
+def embed(pairs: DataFrame, fm_path: str, ae_path: str, t: datetime, device: str = "cpu",
+          allowed: frozenset[str] = frozenset({"model.fm.FoundationModel"})) -> DataFrame:
     """(user_id, item_id, embedding array<float>) of rows with ``with_fm_inputs``'s columns. The
     pairs of a user stay in one partition, together, so the user's history is encoded once."""
     import pandas as pd
@@ -95,7 +102,7 @@ def embed(pairs: DataFrame, fm_path: str, ae_path: str, t: datetime, device: str
         from model.inference import fm_codes
 
         for pdf in batches:
-            codes = fm_codes(pdf.assign(ts=pd.Timestamp(t)), fm_path, ae_path, device=device)
+            codes = fm_codes(pdf.assign(ts=pd.Timestamp(t)), fm_path, ae_path, device=device, allowed=allowed)
             yield pd.DataFrame({"user_id": pdf["user_id"], "item_id": pdf["item_id"], "embedding": list(codes)})
 
     grouped = pairs.repartition("user_id").sortWithinPartitions("user_id", "item_id")

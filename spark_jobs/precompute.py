@@ -54,7 +54,7 @@ class RunCounters:
 
 
 def run(spark, cfg, t: datetime) -> RunCounters:
-    from model import registry
+    from model import interface, registry
     from model.autoencoder import AEConfig, EmbeddingAutoencoder
 
     started = time.perf_counter()
@@ -70,6 +70,9 @@ def run(spark, cfg, t: datetime) -> RunCounters:
     start = speculate.window_start(pc, t)
     models = registry.resolve_models(cfg)  # fails here, before any work, if a checkpoint is missing
     ae = registry.load(models["autoencoder"], EmbeddingAutoencoder, AEConfig)  # and here if it does not match
+    # and here if the config does not allow the classes the versions hold
+    fm_cls = interface.fm_class(registry.stored_class(models["fm"]), cfg.allowed_classes)
+    interface.vm_class(registry.stored_class(models["vm"]), cfg.allowed_classes)
     fm_version = f"fm/{models['fm'].rsplit('/', 1)[-1]}+autoencoder/{models['autoencoder'].rsplit('/', 1)[-1]}"
     run_id = lake.run_id(t)
     specs = (REQUEST_LOG, USER_EVENTS, ITEMS, PAIR_EMBEDDINGS, VERIFIER_SCORES, MISS_QUEUE, PRECOMPUTE_RUNS)
@@ -88,7 +91,7 @@ def run(spark, cfg, t: datetime) -> RunCounters:
         .select("user_id", "item_id", "expires_at")
 
     cands = speculate.candidates(window, queue, pc)
-    scored = speculate.score(cands, models["vm"], t).persist()
+    scored = speculate.score(cands, models["vm"], t, cfg.allowed_classes).persist()
     try:
         decided = speculate.select(scored, fresh, pc, t)
         audit = conform(decided.withColumn("run_id", F.lit(run_id)), VERIFIER_SCORES)
@@ -101,11 +104,11 @@ def run(spark, cfg, t: datetime) -> RunCounters:
     selected = audit.where("selected").select("user_id", "item_id", "device", "surface")
     fm_cfg = registry.read_json(models["fm"], "config.json")["config"]
     pairs = embed_pairs.with_fm_inputs(selected, spark.table(name["user_events"]), spark.table(name["items"]), t,
-                                       fm_cfg["history_len"], fm_cfg["horizon_hours"])
+                                       fm_cfg["history_len"], fm_cfg["horizon_hours"], fm_cls.inputs)
     from model.train import pick_device
 
     device = str(pick_device(cfg.models.device))  # on the driver: a cuda request without a GPU fails here, early
-    embedded = embed_pairs.embed(pairs, models["fm"], models["autoencoder"], t, device)
+    embedded = embed_pairs.embed(pairs, models["fm"], models["autoencoder"], t, device, cfg.allowed_classes)
     rows = embed_pairs.to_rows(embedded, t, pc.ttl_hours, fm_version, run_id).persist()
     try:
         embed_pairs.check_embeddings(rows, ae.cfg.code_dim)
@@ -136,7 +139,7 @@ def run(spark, cfg, t: datetime) -> RunCounters:
                            pairs_considered=counts.scored, pairs_scored=counts.scored,
                            pairs_selected=counts.selected or 0, already_fresh=counts.fresh or 0,
                            pairs_embedded=n_embedded, expired_removed=expired, queue_in=counts.queue_in or 0,
-                           queue_waiting=waiting, vm_version=f"vm/{models['vm'].rsplit('/', 1)[-1]}",
+                           queue_waiting=waiting, vm_version="/".join(models["vm"].rsplit("/", 2)[-2:]),
                            fm_version=fm_version, seconds=round(time.perf_counter() - started, 2))
     row = conform(spark.createDataFrame([counters.row()], PRECOMPUTE_RUNS.schema()), PRECOMPUTE_RUNS)
     lake.upsert(spark, cfg, PRECOMPUTE_RUNS, row)

@@ -55,7 +55,8 @@ def candidates(window_requests: DataFrame, misses: DataFrame, p) -> DataFrame:
     return speculated.unionByName(queued).select("user_id", "item_id", "origin", "device", "surface")
 
 
-def score(cands: DataFrame, vm_path: str, t: datetime) -> DataFrame:
+def score(cands: DataFrame, vm_path: str, t: datetime,
+          allowed: frozenset[str] = frozenset({"model.vm.VerticalModel"})) -> DataFrame:
     """Add ``score``: the verifier VM's click probability, batched per Arrow batch inside Spark."""
     import pandas as pd
 
@@ -64,7 +65,7 @@ def score(cands: DataFrame, vm_path: str, t: datetime) -> DataFrame:
 
         for pdf in batches:
             pdf = pdf.assign(ts=pd.Timestamp(t))
-            s = vm_scores(pdf, vm_path)
+            s = vm_scores(pdf, vm_path, allowed=allowed)
             yield pdf.drop(columns=["ts"]).assign(score=s.astype("float64"))
 
     schema = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in cands.schema.fields) + ", score double"

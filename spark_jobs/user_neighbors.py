@@ -33,7 +33,7 @@ from spark_jobs import embed_pairs
 
 
 def user_vectors(users_with_history: DataFrame, fm_path: str, ae_path: str, t: datetime,
-                 device: str = "cpu") -> DataFrame:
+                 device: str = "cpu", allowed: frozenset[str] = frozenset({"model.fm.FoundationModel"})) -> DataFrame:
     """Add ``vector`` (array<float>): the FM user-only pass as of t of rows with user_id and the
     history columns of ``embed_pairs.histories``."""
 
@@ -43,7 +43,7 @@ def user_vectors(users_with_history: DataFrame, fm_path: str, ae_path: str, t: d
         from model.inference import fm_user_vectors
 
         for pdf in batches:
-            v = fm_user_vectors(pdf.assign(ts=pd.Timestamp(t)), fm_path, ae_path, device=device)
+            v = fm_user_vectors(pdf.assign(ts=pd.Timestamp(t)), fm_path, ae_path, device=device, allowed=allowed)
             yield pd.DataFrame({"user_id": pdf["user_id"], "vector": list(v)})
 
     return users_with_history.mapInPandas(run, "user_id string, vector array<float>")
@@ -57,7 +57,7 @@ def neighbor_rows(user_ids: np.ndarray, lender_ids: np.ndarray, ids: np.ndarray,
 
 
 def run(spark, cfg, t: datetime) -> dict:
-    from model import registry
+    from model import interface, registry
     from model.knn import neighbors, normalize
     from model.train import pick_device
     from model.registry import resolve_models
@@ -68,16 +68,19 @@ def run(spark, cfg, t: datetime) -> dict:
     ensure_tables(spark, cfg, (REQUEST_LOG, USER_EVENTS, ITEMS, USER_MEAN_EMBEDDINGS, USER_NEIGHBORS))
     models = resolve_models(cfg)
     fm_cfg = registry.read_json(models["fm"], "config.json")["config"]
+    fm_cls = interface.fm_class(registry.stored_class(models["fm"]), cfg.allowed_classes)  # refused here if not allowed
     since = t - timedelta(hours=fb.representation_window_hours)
     lenders = (spark.table(qualified_name(USER_MEAN_EMBEDDINGS, db))
                .where(lake.valid_at(t)).select("user_id"))
     active = (in_time_range(spark.table(qualified_name(REQUEST_LOG, db)), since, t).select("user_id")
               .unionByName(in_time_range(spark.table(qualified_name(USER_EVENTS, db)), since, t).select("user_id"))
               .unionByName(lenders).distinct())
-    hist = embed_pairs.histories(spark.table(qualified_name(USER_EVENTS, db)), active, t, fm_cfg["history_len"],
-                                 fm_cfg["horizon_hours"], spark.table(qualified_name(ITEMS, db)))
+    if interface.reads(fm_cls, "history"):
+        hist = embed_pairs.histories(spark.table(qualified_name(USER_EVENTS, db)), active, t, fm_cfg["history_len"],
+                                     fm_cfg["horizon_hours"], spark.table(qualified_name(ITEMS, db)))
+        active = active.join(hist, "user_id", "left")
     device = str(pick_device(cfg.models.device))
-    vecs = user_vectors(active.join(hist, "user_id", "left"), models["fm"], models["autoencoder"], t, device).toPandas()
+    vecs = user_vectors(active, models["fm"], models["autoencoder"], t, device, cfg.allowed_classes).toPandas()
     lender_set = {r.user_id for r in lenders.collect()}
 
     user_ids = vecs["user_id"].to_numpy(dtype=object)

@@ -265,7 +265,7 @@ def test_wrong_dimension_or_nan_embeddings_are_rejected_before_merge(spark):
 def test_missing_or_mismatched_checkpoints_fail_before_any_write(spark, lake):
     versions = tbl(spark, lake, "pair_embeddings").count(), spark.sql(
         f"DESCRIBE HISTORY {lake.lake.database}.pair_embeddings").count()
-    with pytest.raises(FileNotFoundError, match="model 'vm' has no version 'v0099'"):
+    with pytest.raises(FileNotFoundError, match="model 'vm_click' has no version 'v0099'"):
         precompute.run(spark, replace(lake, models=replace(lake.models, vm_version="v0099")), T)
     with pytest.raises(FileNotFoundError, match="no promoted version of model 'fm'"):
         precompute.run(spark, replace(lake, models=replace(lake.models, fm_version="promoted")), T)

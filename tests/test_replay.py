@@ -42,7 +42,8 @@ def replayed(spark, lake_root, base_lake, tmp_path_factory):
     cfg = _test_config(lake_root / "replay", database="t_replay").with_overrides(
         precompute={"lookback_hours": 3, "trending_items": 5, "recent_items_per_user": 5,
                     "budget": 0.3, "ttl_hours": 6.0},
-        fallback={"neighbors_k": 3, "recall_sample": 50}, models={"device": "cpu"})
+        fallback={"neighbors_k": 3, "recall_sample": 50},
+        models={"device": "cpu", "consumers": [{"name": "click"}, {"name": "cvr", "task": "conversion", "surface": "1"}]})
     copy_lake(spark, base_lake, cfg, models=False)  # the replay trains its own, before its window
     result = replay.run(spark, cfg, "synthetic", WINDOW, [0.3], [0.5, 6.0], TINY, EVAL, log=lambda *_: None)
     out = replay_report.write(result, tmp_path_factory.mktemp("reports") / "replay_synthetic")
@@ -178,6 +179,25 @@ def test_variants_report_and_plots(replayed):
     lk = result["lookup_ms"]
     assert lk["requests"] > 0 and 0 < lk["p50"] <= lk["p99"]
     assert sum(c["pairs_embedded"] for c in result["points"][MAIN]["cycles"]) > 0
+
+
+def test_every_consumer_gets_its_coverage_and_served_ne(replayed):
+    """The conversion consumer of surface 1: its own rows' coverage, its variants on its label, no FM row."""
+    cfg, result, out = replayed
+    click, cvr = result["consumers"]["click"], result["consumers"]["cvr"]
+    assert click["rows"] == result["variants"]["rows"]  # the click consumer of every surface is the main table
+    assert [r["model"] for r in cvr["rows"]] == [v for v in replay_eval.VARIANTS if v not in ("VM + KD (soft labels)", "FM")]
+    assert cvr["fm_beats_vm"] is None and all(np.isfinite(r["ne"]) for r in cvr["rows"])
+    rows = served(point_cfg(cfg, MAIN))
+    log = DeltaTable(str(cfg.lake.table_path("request_log"))).to_pandas()[["request_id", "item_id", "surface", "conversion"]]
+    mine = rows.merge(log, on=["request_id", "item_id"])
+    mine = mine[(mine["surface"].astype(str) == "1") & mine["conversion"].notna() & (mine["ts"] >= WINDOW.measure_from)]
+    for t in TIERS:
+        assert cvr["coverage"][t] == pytest.approx((mine["tier"] == t).mean())
+    assert cvr["window"]["test"]["rows"] == int((mine["ts"] >= WINDOW.test_from).sum())
+    text = (out / "report.md").read_text()
+    assert "## Per consumer: coverage and NE as served" in text
+    assert "| cvr | conversion | 1 |" in text and "n/a: the FM does not predict this task" in text
 
 
 def test_variants_are_deterministic_given_the_seed(replayed):
