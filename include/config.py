@@ -145,6 +145,9 @@ class ConsumerConfig:
     surface: str = ""  # only requests from this surface; "" all
     class_path: str = ""  # the VM class (model.interface); "" the [models] vm_class
     params: dict[str, Any] = field(default_factory=dict)  # its config fields beyond SOLARIS's sizes
+    # the ids and context it reads (model.vm.FEATURES: user, item, hour, device, surface); [] all.
+    # Goes to its class's ``features`` config field: the built-in VM has one.
+    features: tuple[str, ...] = ()
 
     def __post_init__(self):
         import re
@@ -156,6 +159,9 @@ class ConsumerConfig:
             raise ConfigError(f"[[models.consumers]] {self.name}: task must be one of {', '.join(TASKS)}, got {self.task!r}")
         if not isinstance(self.params, dict):
             raise ConfigError(f"[[models.consumers]] {self.name}: params must be a table")
+        if not isinstance(self.features, (list, tuple)) or not all(isinstance(f, str) for f in self.features):
+            raise ConfigError(f"[[models.consumers]] {self.name}: features must be a list of names")
+        object.__setattr__(self, "features", tuple(self.features))
 
 
 @dataclass(frozen=True)

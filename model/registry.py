@@ -97,6 +97,11 @@ def load(path: Path, module_cls: type[nn.Module], config_cls: type, map_location
     stored_cfg = meta.get("config")
     if not isinstance(stored_cfg, dict):
         raise CheckpointMismatch(f"{path}: config.json has no config object")
+    # A field added to the config class since the checkpoint was written takes its default (the
+    # weights' shapes are still checked below); a field the code no longer has is a mismatch.
+    added = {f.name: f.default for f in dataclasses.fields(config_cls)
+             if f.default is not dataclasses.MISSING and f.name not in stored_cfg}
+    stored_cfg = {**added, **stored_cfg}
     fields = {f.name for f in dataclasses.fields(config_cls)}
     stored = set(stored_cfg)
     if stored != fields:

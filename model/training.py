@@ -110,7 +110,8 @@ class ModelChoice:
         fm = interface.check_params(interface.fm_class(m.fm_class, allowed), m.fm_params)
         consumers = []
         for c in m.consumers:
-            params = dict(c.params) if c.class_path else {**m.vm_params, **c.params}
+            params = (dict(c.params) if c.class_path else {**m.vm_params, **c.params}) \
+                | ({"features": tuple(c.features)} if c.features else {})
             vm = interface.vm_class(c.class_path or m.vm_class, allowed)
             try:
                 interface.check_params(vm, params)

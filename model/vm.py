@@ -17,6 +17,8 @@ from model.features import MAX_POSITION
 from model.tiers import NONE as TIER_NONE  # noqa: F401  (the tier of a pair served nothing)
 from model.tiers import TIERS
 
+FEATURES = ("user", "item", "hour", "device", "surface")  # ids and context, in the order the MLP reads them
+
 
 @dataclass(frozen=True)
 class VMConfig:
@@ -28,6 +30,7 @@ class VMConfig:
     hidden: int = 64
     use_fm_embedding: bool = False
     fm_dim: int = 32  # C: the autoencoder's code size
+    features: tuple[str, ...] = FEATURES  # which of FEATURES it reads (a consumer's ``features``)
 
 
 class VerticalModel(nn.Module):
@@ -38,19 +41,22 @@ class VerticalModel(nn.Module):
     def __init__(self, cfg: VMConfig):
         super().__init__()
         self.cfg = cfg
-        self.user = nn.Embedding(cfg.n_users, cfg.dim)
-        self.item = nn.Embedding(cfg.n_items, cfg.dim)
-        self.hour = nn.Embedding(24, 4)
-        self.device = nn.Embedding(cfg.n_devices, 4)
-        self.surface = nn.Embedding(cfg.n_surfaces, 4)
+        self.features = tuple(cfg.features)
+        unknown = sorted(set(self.features) - set(FEATURES))
+        if unknown or not self.features:
+            raise ValueError(f"VM features must be a non-empty subset of {', '.join(FEATURES)}; got {list(cfg.features)}")
+        sizes = {"user": (cfg.n_users, cfg.dim), "item": (cfg.n_items, cfg.dim), "hour": (24, 4),
+                 "device": (cfg.n_devices, 4), "surface": (cfg.n_surfaces, 4)}
+        for name in self.features:  # attribute names as before: checkpoints of every feature load unchanged
+            setattr(self, name, nn.Embedding(*sizes[name]))
+        width = sum(sizes[name][1] for name in self.features)
         extra = cfg.fm_dim + len(TIERS) if cfg.use_fm_embedding else 0
-        self.mlp = nn.Sequential(nn.Linear(2 * cfg.dim + 12 + extra, cfg.hidden), nn.ReLU(),
+        self.mlp = nn.Sequential(nn.Linear(width + extra, cfg.hidden), nn.ReLU(),
                                  nn.Linear(cfg.hidden, cfg.hidden // 2), nn.ReLU(), nn.Linear(cfg.hidden // 2, 1))
         self.position_bias = nn.Embedding(MAX_POSITION + 1, 1, padding_idx=0)  # 0: slot unknown, no bias
 
     def forward(self, b: dict[str, torch.Tensor]) -> torch.Tensor:
-        parts = [self.user(b["user"]), self.item(b["item"]), self.hour(b["hour"]), self.device(b["device"]),
-                 self.surface(b["surface"])]
+        parts = [getattr(self, name)(b[name]) for name in self.features]
         if self.cfg.use_fm_embedding:
             fm = b["fm"]  # (B, C); zeros where tier is none
             if fm.shape[1] != self.cfg.fm_dim:

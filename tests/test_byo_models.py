@@ -23,7 +23,7 @@ from tests.conftest import ROOT, TINY, _test_config, copy_lake
 DCN, FACTORIZED = "examples.byo_models.CrossNetworkFM", "examples.byo_models.FactorizedVM"
 PLUGGED = {"fm_class": DCN, "fm_params": {"cross_layers": 2, "deep": 16},
            "consumers": [{"name": "click", "class_path": FACTORIZED, "params": {"factors": 4}},
-                         {"name": "cvr", "task": "conversion", "surface": "1"}],
+                         {"name": "cvr", "task": "conversion", "surface": "1", "features": ["user", "item", "hour"]}],
            "verifier": "click"}
 T = datetime(2026, 1, 5, 10)
 
@@ -84,7 +84,8 @@ def test_consumers_in_toml_and_their_errors(tmp_path):
                         ('[[models.consumers]]\nname = "a"\ntask = "purchase"', "task must be one of click, conversion"),
                         ('[[models.consumers]]\nname = "Bad Name"', "name must be lower-case"),
                         ('[[models.consumers]]\nname = "a"\nsurfce = "1"', "unknown config key\\(s\\) in \\[models.consumers\\]: surfce"),
-                        ('consumers = "click"', "must be an array of tables")):
+                        ('consumers = "click"', "must be an array of tables"),
+                        ('[[models.consumers]]\nname = "a"\nfeatures = "user"', "features must be a list of names")):
         path.write_text(body if body.startswith("[[") else f"[models]\n{body}\n")
         with pytest.raises(ConfigError, match=error):
             load_config(path, env={})
@@ -139,6 +140,8 @@ def test_the_plugged_in_models_train_and_every_consumer_is_reported(plugged, tra
     assert registry.stored_class(registry.resolve(root, "fm")) == DCN
     assert registry.stored_class(registry.resolve(root, "vm_click")) == FACTORIZED
     assert registry.stored_class(registry.resolve(root, "vm_cvr")) == "model.vm.VerticalModel"
+    # the conversion consumer reads the ids and the hour only, as its config declares
+    assert registry.read_json(registry.resolve(root, "vm_cvr"), "config.json")["config"]["features"] == ["user", "item", "hour"]
     assert set(trained["models"]) == {"fm", "autoencoder", "vm_click", "vm_click_kd", "vm_click_solaris",
                                       "vm_cvr", "vm_cvr_solaris"}
     click, cvr = trained["consumers"]["click"], trained["consumers"]["cvr"]
@@ -206,7 +209,8 @@ def test_the_daily_dag_trains_and_gates_every_declared_consumer(plugged, trained
     cfg_file.write_text(f'[lake]\nroot = "{plugged.lake.root_path}"\ndatabase = "{plugged.lake.database}"\n'
                         f'[models]\nfm_class = "{DCN}"\nverifier = "click"\n'
                         f'[[models.consumers]]\nname = "click"\nclass_path = "{FACTORIZED}"\n'
-                        f'[[models.consumers]]\nname = "cvr"\ntask = "conversion"\nsurface = "1"\n')
+                        f'[[models.consumers]]\nname = "cvr"\ntask = "conversion"\nsurface = "1"\n'
+                        f'features = ["user", "item", "hour"]\n')
     env = {**os.environ, "AIRFLOW_HOME": str(tmp_path / "airflow"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
            "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"), "SOLARIS_CONFIG": str(cfg_file)}
     env.pop("SOLARIS_LAKE_ROOT", None)
@@ -223,3 +227,5 @@ def test_the_daily_dag_trains_and_gates_every_declared_consumer(plugged, trained
         assert (root / name / "PROMOTED").read_text().strip() in ("v0001", "v0002")
         assert f"{name} v0002: " in out  # the gate's decision, logged
     assert registry.stored_class(registry.resolve(root, "vm_click", "v0002")) == FACTORIZED
+    assert registry.read_json(registry.resolve(root, "vm_cvr", "v0002"), "config.json")["config"]["features"] == \
+        ["user", "item", "hour"]

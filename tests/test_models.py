@@ -88,6 +88,28 @@ def test_registry_round_trip_and_versions(tmp_path):
     assert registry.resolve(tmp_path, "ae", "promoted") == p1
 
 
+def test_a_config_field_added_since_the_checkpoint_takes_its_default(tmp_path):
+    """A VM saved before ``features`` existed loads with every feature; shapes are still checked."""
+    vm = VerticalModel(VMConfig(n_users=5, n_items=6, n_devices=3, n_surfaces=3))
+    path = registry.save(tmp_path, "vm", vm, {}, {})
+    meta = json.loads((path / "config.json").read_text())
+    del meta["config"]["features"]
+    (path / "config.json").write_text(json.dumps(meta))
+    loaded = registry.load(path, VerticalModel, VMConfig)
+    assert loaded.features == VMConfig.features and loaded.cfg.n_items == 6
+    narrow = VerticalModel(VMConfig(n_users=5, n_items=6, n_devices=3, n_surfaces=3, features=("user", "item")))
+    assert not hasattr(narrow, "device") and narrow.mlp[0].in_features == 32
+    path = registry.save(tmp_path, "vm", narrow, {}, {})
+    assert registry.load(path, VerticalModel, VMConfig).features == ("user", "item")
+    meta = json.loads((path / "config.json").read_text())
+    del meta["config"]["features"]  # the default (every feature) does not fit these weights
+    (path / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(registry.CheckpointMismatch, match="weights do not fit"):
+        registry.load(path, VerticalModel, VMConfig)
+    with pytest.raises(ValueError, match="VM features must be a non-empty subset"):
+        VerticalModel(VMConfig(n_users=5, n_items=6, n_devices=3, n_surfaces=3, features=("user", "age")))
+
+
 def test_registry_rejects_checkpoints_that_do_not_match(tmp_path):
     ae = EmbeddingAutoencoder(AEConfig(input_dim=24, code_dim=4))
     path = registry.save(tmp_path, "ae", ae, {}, {})
