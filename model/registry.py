@@ -8,7 +8,9 @@
     <root>/<name>/PROMOTED             the version serving traffic (written by ``promote``)
 
 Loading checks the stored config against the code's config class: a checkpoint written by
-different code is a clear ``CheckpointMismatch``, never a half-loaded model.
+different code is a clear ``CheckpointMismatch``, never a half-loaded model. (A config field added
+to the code since, with a default, takes that default; the weights must still fit.) ``load_declared``
+loads a version of any FM or VM class (model/interface.py), but only of a class the config names.
 """
 
 from __future__ import annotations
