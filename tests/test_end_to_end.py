@@ -233,6 +233,31 @@ def shared_metastore(tmp_path):
             server.kill()
 
 
+def _finish(p, everyone, timeout):
+    """``p.communicate()``; a driver still running after ``timeout`` (a run takes about a minute)
+    fails the test with its log and its JVM's thread dump, instead of waiting out the test's limit."""
+    import psutil
+
+    try:
+        return p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stacks = []
+        for child in psutil.Process(p.pid).children(recursive=True):
+            if child.name() == "java":
+                try:
+                    stacks.append(subprocess.run(["jstack", str(child.pid)], capture_output=True, text=True,
+                                                 timeout=60).stdout)
+                except (OSError, subprocess.TimeoutExpired) as e:
+                    stacks.append(f"(no thread dump of {child.pid}: {e})")
+        for q in everyone:
+            for child in psutil.Process(q.pid).children(recursive=True) if q.poll() is None else ():
+                child.kill()
+            q.kill()
+        _, err = p.communicate()
+        raise AssertionError(f"precompute driver {p.pid} still running after {timeout} s\n--- its log\n{err[-4000:]}"
+                             f"\n--- its JVM's threads\n{''.join(stacks)[-12000:]}")
+
+
 def test_two_runs_of_one_hour_at_once_on_a_shared_metastore_leave_one_whole_result(demo_lake, shared_metastore, tmp_path):
     """Two precompute drivers for the same hour at once, on a shared Hive metastore (Derby's network
     server here; PostgreSQL or MySQL on a cluster), with the catalog's tables not registered yet:
@@ -257,7 +282,7 @@ def test_two_runs_of_one_hour_at_once_on_a_shared_metastore_leave_one_whole_resu
     at = "2026-01-05T03:00:00"
     runs = [subprocess.Popen([sys.executable, "-m", "spark_jobs.precompute", "--at", at, "--config", str(cfg)], cwd=ROOT,
                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    outcomes = [(p.returncode, out, err) for p in runs for out, err in [p.communicate(timeout=1200)]]
+    outcomes = [(p.returncode, out, err) for p in runs for out, err in [_finish(p, runs, timeout=600)]]
     codes = sorted(code for code, _, _ in outcomes)
     assert codes in ([0, 0], [0, 3]), [(c, e[-3000:]) for c, _, e in outcomes]
     for code, out, err in outcomes:
