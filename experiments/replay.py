@@ -159,10 +159,9 @@ def run(spark, cfg, source: str, w: ReplayWindow, budgets: list[float], ttls: li
     fm = registry.load_declared(fm_path, "fm", cfg.allowed_classes)
     ae = registry.load(ae_path, EmbeddingAutoencoder, AEConfig)
     log("training the VM variants on the replay's served features")
-    variants = replay_eval.evaluate(cfg, rows_by_point, main.name, w.test_from, fm, ae,
-                                    Vocab.load(fm_path / "vocab.json"), source, eval_config, log)
-    consumers = consumer_tables(cfg, rows_by_point[main.name], w, fm, ae, Vocab.load(fm_path / "vocab.json"),
-                                source, eval_config, variants, log)
+    fm_vocab = Vocab.load(fm_path / "vocab.json")
+    variants = replay_eval.evaluate(cfg, rows_by_point, main.name, w.test_from, fm, ae, fm_vocab, source, eval_config, log)
+    consumers = consumer_tables(cfg, rows_by_point[main.name], w, fm, ae, fm_vocab, source, eval_config, variants, log)
     test_rows = rows_by_point[main.name]
     latency = lookup_latency(pcfgs[main.name].lake.tables_path, test_rows[test_rows["ts"] >= w.test_from])
     from experiments import truth

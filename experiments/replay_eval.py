@@ -104,14 +104,15 @@ def masked(x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def consumer_rows(cfg, rows: pd.DataFrame, consumer, source: str | None = None) -> pd.DataFrame:
-    """The served rows a consumer (``[[models.consumers]]``) reads: its surface's, labelled with its
-    task (the conversion from request_log where it is known)."""
-    if consumer.surface:
-        rows = rows[rows["surface"].astype(str) == consumer.surface]
-    if consumer.task != "click":
-        labels = mdata.read_table(cfg, "request_log", ["request_id", "item_id", consumer.task], source)
+    """The served rows a consumer (``[[models.consumers]]``) reads, as training picks them
+    (``model.training.consumer_rows``), labelled with its task (another task's label from request_log)."""
+    from model.training import consumer_rows as reads, label_column
+
+    column = label_column(consumer.task)
+    if column != "label":
+        labels = mdata.read_table(cfg, "request_log", ["request_id", "item_id", column], source)
         rows = rows.drop(columns=["label"]).merge(labels, on=["request_id", "item_id"], how="left", validate="one_to_one")
-        rows = rows[rows[consumer.task].notna()].rename(columns={consumer.task: "label"})
+    rows = rows.iloc[reads(rows, consumer)].rename(columns={column: "label"})
     if rows.empty:
         raise ValueError(f"consumer {consumer.name!r}: no served rows with its surface and label in the replay")
     return rows.reset_index(drop=True)

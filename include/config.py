@@ -300,13 +300,7 @@ class SolarisConfig:
     def allowed_classes(self) -> frozenset[str]:
         """The model classes the registry may load: the built-ins and those the config names."""
         named = {self.models.fm_class, self.models.vm_class, *(c.class_path for c in self.models.consumers if c.class_path)}
-        return frozenset({"model.fm.FoundationModel", "model.vm.VerticalModel"} | named)
-
-    def consumer(self, name: str) -> ConsumerConfig:
-        for c in self.models.consumers:
-            if c.name == name:
-                return c
-        raise ConfigError(f"no consumer {name!r} in [models] consumers ({', '.join(c.name for c in self.models.consumers)})")
+        return frozenset({ModelsConfig.fm_class, ModelsConfig.vm_class} | named)  # the defaults are the built-ins
 
     @property
     def models_root(self) -> Path:

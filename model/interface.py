@@ -108,11 +108,6 @@ def vm_class(path: str, allowed) -> type:
     return check_vm(import_class(path, allowed))
 
 
-def reads(model_or_cls, group: str) -> bool:
-    """Whether an FM reads an input group."""
-    return group in model_or_cls.inputs
-
-
 def check_params(cls: type, params: dict[str, Any]) -> type:
     """``cls`` if every name in ``params`` is a field of its config; else a clear error (before any training)."""
     fields = [f.name for f in dataclasses.fields(cls.config_class)]

@@ -87,9 +87,10 @@ class Consumer:
     vm_class: type = VerticalModel
     params: dict = field(default_factory=dict)
 
-    @property
-    def label_column(self) -> str:
-        return "label" if self.task == "click" else self.task
+
+def label_column(task: str) -> str:
+    """The request_log column a task learns: ``label`` for clicks, the task's own column otherwise."""
+    return "label" if task == "click" else task
 
 
 @dataclass(frozen=True)
@@ -215,11 +216,13 @@ def train_frames(requests: pd.DataFrame, events: pd.DataFrame, items: pd.DataFra
     return result, models, {"vocab.json": json.dumps(vocab.values)}
 
 
-def consumer_rows(split: pd.DataFrame, c: Consumer) -> np.ndarray:
-    """Positions of a split's rows that consumer ``c`` trains or is tested on: its surface, and a known label."""
-    if c.label_column not in split:
-        raise ValueError(f"consumer {c.name!r} learns {c.task!r}, but the log has no {c.label_column!r} column")
-    keep = split[c.label_column].notna()
+def consumer_rows(split: pd.DataFrame, c) -> np.ndarray:
+    """Positions of the rows of ``split`` that consumer ``c`` (a ``Consumer`` or its config: name,
+    task, surface) reads: its surface's, with its task's label known."""
+    column = label_column(c.task)
+    if column not in split:
+        raise ValueError(f"consumer {c.name!r} learns {c.task!r}, but the log has no {column!r} column")
+    keep = split[column].notna()
     if c.surface:
         keep &= split["surface"].astype(str) == c.surface
     return np.flatnonzero(keep.to_numpy())
@@ -234,7 +237,9 @@ def train_consumer(c: Consumer, splits, rows, x, codes, fm_p, sizes, ec: ModelSe
         if len(r) == 0:
             raise ValueError(f"consumer {c.name!r} ({c.task}{', surface ' + c.surface if c.surface else ''}) has no "
                              f"rows in the {k} split: check its surface and that the log has its label")
-    labels = {k: splits[k][c.label_column].to_numpy(dtype=np.float32)[r] for k, r in rows.items()}
+    mine = {k: splits[k].iloc[r].assign(label=splits[k][label_column(c.task)].to_numpy(dtype=np.float32)[r])
+            for k, r in rows.items()}  # the consumer's rows of each split, labelled with its task
+    labels = {k: v["label"].to_numpy() for k, v in mine.items()}
     vx = {k: {**row_inputs(subset(x[k], r)), "label": labels[k]} for k, r in rows.items()}
     same_task = c.task == "click"  # the FM learned clicks: its probability is a teacher for clicks only
     variants = [("VM", False, bce_loss, lambda k: vm_inputs(vx[k], None)),
@@ -246,9 +251,9 @@ def train_consumer(c: Consumer, splits, rows, x, codes, fm_p, sizes, ec: ModelSe
         torch.manual_seed(vm_train.seed)
         vm = interface.build(c.vm_class, {**sizes, "use_fm_embedding": use_fm, "fm_dim": ec.code_dim}, c.params)
         fit(vm, loss, inputs("train"), inputs("val"), vm_train, log)
-        preds[name] = sigmoid(infer(vm, vm, inputs("test"), device=device))
-        models[(c.name, name)] = vm
         xt = inputs("test")
+        preds[name] = sigmoid(infer(vm, vm, xt, device=device))
+        models[(c.name, name)] = vm
         out_rows.append({"model": name, "params": n_params(vm),
                          "flops_per_pair": flops_per_example(vm, vm, {k: v[:256] for k, v in xt.items()})})
     y = labels["test"]
@@ -257,7 +262,7 @@ def train_consumer(c: Consumer, splits, rows, x, codes, fm_p, sizes, ec: ModelSe
         out_rows.append({"model": "FM", "params": n_params(fm), "flops_per_pair": fm_flops})
     ne_vm = metrics.normalized_entropy(y, preds["VM"])
     ne_fm = metrics.normalized_entropy(y, preds["FM"]) if same_task else float("nan")
-    test = splits["test"].iloc[rows["test"]]
+    test = mine["test"]
     intervals = metrics.paired_bootstrap(y, preds, test["request_id"].to_numpy(), baseline="VM",
                                          reference="FM" if same_task else None,
                                          resamples=ec.bootstrap_resamples, seed=ec.split.seed)
@@ -269,9 +274,6 @@ def train_consumer(c: Consumer, splits, rows, x, codes, fm_p, sizes, ec: ModelSe
                  else metrics.transfer_ratio(ne_vm, s["ne"], ne_fm),
                  ne_ci=ci["ne"], auc_ci=ci["auc"], ne_vs_vm_pct_ci=ci["ne_delta_pct_ci"], auc_vs_vm=ci["auc_delta"],
                  auc_vs_vm_ci=ci["auc_delta_ci"], transfer_ratio_ci=ci.get("transfer_ratio_ci"))
-    cwindow = {k: {"rows": int(len(r)), "requests": int(splits[k]["request_id"].iloc[r].nunique()),
-                   "from": str(splits[k]["ts"].iloc[r].min()), "to": str(splits[k]["ts"].iloc[r].max()),
-                   "ctr": float(labels[k].mean())} for k, r in rows.items()}
     predictions = pd.DataFrame({"request_id": test["request_id"].to_numpy(), "item_id": test["item_id"].to_numpy(),
                                 "label": y, **preds})
     return {"consumer": {"name": c.name, "task": c.task, "surface": c.surface,
@@ -280,7 +282,7 @@ def train_consumer(c: Consumer, splits, rows, x, codes, fm_p, sizes, ec: ModelSe
             "fm_beats_vm": intervals["_meta"]["reference_beats_baseline"] if same_task else None,
             # torch's counter sees matmuls and convolutions: a VM of lookups and products alone counts 0
             "fm_vm_flops_ratio": fm_flops / out_rows[0]["flops_per_pair"] if out_rows[0]["flops_per_pair"] else float("nan"),
-            "window": cwindow}
+            "window": mdata.window(mine, None)}
 
 
 def consumer_markdown(table: dict, ci=metrics.format_interval) -> list[str]:

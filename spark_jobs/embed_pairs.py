@@ -21,6 +21,8 @@ from datetime import datetime, timedelta
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
+from model.interface import BUILTIN_FM
+
 
 def in_horizon(events: DataFrame, t: datetime, horizon_hours: float) -> DataFrame:
     """Events in [t - horizon, t): all that any FM input as of t reads."""
@@ -93,7 +95,7 @@ def with_fm_inputs(pairs: DataFrame, events: DataFrame, items: DataFrame | None,
 
 
 def embed(pairs: DataFrame, fm_path: str, ae_path: str, t: datetime, device: str = "cpu",
-          allowed: frozenset[str] = frozenset({"model.fm.FoundationModel"})) -> DataFrame:
+          allowed: frozenset[str] = frozenset({BUILTIN_FM})) -> DataFrame:
     """(user_id, item_id, embedding array<float>) of rows with ``with_fm_inputs``'s columns. The
     pairs of a user stay in one partition, together, so the user's history is encoded once."""
     import pandas as pd

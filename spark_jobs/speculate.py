@@ -17,6 +17,8 @@ from datetime import datetime, timedelta
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
+from model.interface import BUILTIN_VM
+
 
 def window_start(pc, t: datetime) -> datetime:
     """Start of the look-back window [t - W, t) whose users and items are speculated."""
@@ -56,7 +58,7 @@ def candidates(window_requests: DataFrame, misses: DataFrame, p) -> DataFrame:
 
 
 def score(cands: DataFrame, vm_path: str, t: datetime,
-          allowed: frozenset[str] = frozenset({"model.vm.VerticalModel"})) -> DataFrame:
+          allowed: frozenset[str] = frozenset({BUILTIN_VM})) -> DataFrame:
     """Add ``score``: the verifier VM's click probability, batched per Arrow batch inside Spark."""
     import pandas as pd
 

@@ -29,11 +29,12 @@ from feature_store.tables import (ITEMS, REQUEST_LOG, USER_EVENTS, USER_MEAN_EMB
                                   ensure_tables, in_time_range, qualified_name)
 from feature_store import lake
 from include.cli import print_counters, run_at_time
+from model.interface import BUILTIN_FM
 from spark_jobs import embed_pairs
 
 
 def user_vectors(users_with_history: DataFrame, fm_path: str, ae_path: str, t: datetime,
-                 device: str = "cpu", allowed: frozenset[str] = frozenset({"model.fm.FoundationModel"})) -> DataFrame:
+                 device: str = "cpu", allowed: frozenset[str] = frozenset({BUILTIN_FM})) -> DataFrame:
     """Add ``vector`` (array<float>): the FM user-only pass as of t of rows with user_id and the
     history columns of ``embed_pairs.histories``."""
 
@@ -75,7 +76,7 @@ def run(spark, cfg, t: datetime) -> dict:
     active = (in_time_range(spark.table(qualified_name(REQUEST_LOG, db)), since, t).select("user_id")
               .unionByName(in_time_range(spark.table(qualified_name(USER_EVENTS, db)), since, t).select("user_id"))
               .unionByName(lenders).distinct())
-    if interface.reads(fm_cls, "history"):
+    if "history" in fm_cls.inputs:
         hist = embed_pairs.histories(spark.table(qualified_name(USER_EVENTS, db)), active, t, fm_cfg["history_len"],
                                      fm_cfg["horizon_hours"], spark.table(qualified_name(ITEMS, db)))
         active = active.join(hist, "user_id", "left")
