@@ -39,12 +39,20 @@ def _dataset(cfg, table: str) -> ds.Dataset:
         raise FileNotFoundError(f"table {table} not found at {path}: ingest a log first") from e
 
 
-def read_table(cfg, table: str, columns: list[str], source: str | None) -> pd.DataFrame:
-    """``table``'s ``columns`` of one source (all when None). Every Parquet page's CRC is verified, as
-    on every other read of the lake: a flipped byte fails the read instead of becoming training data."""
+def read_table(cfg, table: str, columns: list[str], source: str | None, until=None) -> pd.DataFrame:
+    """``table``'s ``columns`` of one source (all when None), rows with ``ts`` before ``until`` when
+    given (pushed into the scan: on a long log the rows after a training window are never read).
+    Every Parquet page's CRC is verified, as on every other read of the lake: a flipped byte fails
+    the read instead of becoming training data."""
+    import pyarrow as pa
+
+    dataset = _dataset(cfg, table)
     flt = pc.field("source") == source if source else None
+    if until is not None:
+        bound = pa.scalar(pd.Timestamp(until).to_pydatetime(), pa.timestamp("us")).cast(dataset.schema.field("ts").type)
+        flt = pc.field("ts") < bound if flt is None else flt & (pc.field("ts") < bound)
     checked = ds.ParquetFragmentScanOptions(page_checksum_verification=True)
-    return _dataset(cfg, table).to_table(columns=columns, filter=flt, fragment_scan_options=checked).to_pandas()
+    return dataset.to_table(columns=columns, filter=flt, fragment_scan_options=checked).to_pandas()
 
 
 def load(cfg, source: str | None = None, until=None, extra_labels: list[str] = ()
@@ -54,16 +62,13 @@ def load(cfg, source: str | None = None, until=None, extra_labels: list[str] = (
     events stay whole, since every example reads only the events strictly before its request.
     ``extra_labels``: request_log's other label columns (``conversion``) to keep beside ``label``;
     a log that has none of one is a clear error."""
-    requests = read_table(cfg, "request_log", REQUEST_COLUMNS + list(extra_labels), source)
+    requests = read_table(cfg, "request_log", REQUEST_COLUMNS + list(extra_labels), source, until)
     for column in extra_labels:
         if requests[column].isna().all():
             raise ValueError(f"source {source!r} has no {column!r} label (every row NULL): a consumer that learns it "
                              f"needs a log with one (the synthetic world has conversions)")
     requests["ts"] = utc_naive(requests["ts"])
-    keep = requests["label"].notna()
-    if until is not None:
-        keep &= requests["ts"] < pd.Timestamp(until)
-    requests = requests[keep].reset_index(drop=True)
+    requests = requests[requests["label"].notna()].reset_index(drop=True)
     events, items = events_and_items(cfg, source)
     if requests.empty:
         before = f" before {until}" if until is not None else ""

@@ -183,6 +183,7 @@ def test_an_hourly_cycle_runs_the_plugged_in_models(spark, plugged, trained):
     assert out["user_neighbors"]["users_represented"] > 0
     assert spark.table(qualified_name(USER_NEIGHBORS, db)).count() == out["user_neighbors"]["neighbor_rows"] > 0
     assert out["publish"]
+    assert set(out["seconds"]) == set(cycle.STAGES) and all(s > 0 for s in out["seconds"].values())
 
 
 def test_a_job_whose_config_does_not_name_the_stored_class_refuses_to_run(spark, plugged, trained):

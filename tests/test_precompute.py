@@ -320,22 +320,46 @@ def _kill_when(proc, table_path: str, version: int) -> None:
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    # The Python driver is gone, but its JVM may still be dying and holding the lake's Derby lock:
-    # the next process would find the metastore in use. Wait for the whole group to be gone.
-    import psutil
+    _wait_until_metastore_free(Path(table_path).parent.parent / "metastore_db")
 
-    def alive():
-        for p in psutil.process_iter(["status"]):
+
+def _wait_until_metastore_free(metastore: Path, timeout: float = 300) -> None:
+    """A killed driver's JVM may take a while to die (on a loaded machine, in the middle of a
+    write) and holds the embedded metastore's Derby lock until it does: the next process would
+    find the metastore in use. Probe the lock itself, as the jobs do, until it is free."""
+    import fcntl
+
+    lock = metastore / "dbex.lck"
+    deadline = time.time() + timeout
+    while lock.exists():
+        with open(lock, "r+b") as f:
             try:
-                if os.getpgid(p.pid) == proc.pid and p.info["status"] != psutil.STATUS_ZOMBIE:
-                    return True
-            except (ProcessLookupError, psutil.Error):
-                pass
-        return False
+                fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                if time.time() > deadline:
+                    pytest.fail(f"{lock} is still locked {timeout:.0f} s after the kill; held by:\n"
+                                + _lock_holders(lock))
+                time.sleep(0.2)
+                continue
+            fcntl.lockf(f, fcntl.LOCK_UN)
+            return
 
-    deadline = time.time() + 60
-    while alive() and time.time() < deadline:
-        time.sleep(0.1)
+
+def _lock_holders(lock: Path) -> str:
+    """The processes /proc/locks names for ``lock``, with their state and command line."""
+    inode = os.stat(lock).st_ino
+    out = []
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if len(fields) > 5 and fields[5].endswith(f":{inode}"):
+            pid = fields[4]
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:300]
+            except OSError:
+                state, cmd = "?", "(gone)"
+            out.append(f"pid {pid} state {state}: {cmd}")
+    return "\n".join(out) or "(no process in /proc/locks)"
 
 
 @pytest.mark.slow
