@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast test-compose evaluate serve airflow sql spark-sql bench-ingest clean help
+.PHONY: install demo test test-fast test-compose evaluate serve airflow sql spark-sql bench-ingest bench-cycles clean help
 
 help:
 	@echo "make demo    - install, then run the main job on a synthetic log (local Spark, Delta lake in ./lake)"
@@ -20,6 +20,7 @@ help:
 	@echo "make sql Q='SELECT ...'  - run SQL over the feature tables"
 	@echo "make spark-sql           - interactive spark-sql on the same catalog"
 	@echo "make bench-ingest        - ingestion benchmark on the real logs in ../shared/datasets"
+	@echo "make bench-cycles        - 24 hourly cycles over the whole Globo log, seconds per stage"
 
 $(STAMP): requirements.txt requirements.lock pyproject.toml
 	@command -v java >/dev/null || { echo "Java 17 is required for Spark (Debian: apt-get install openjdk-17-jre-headless)" >&2; exit 1; }
@@ -95,6 +96,9 @@ spark-sql: install
 
 bench-ingest: install
 	$(PY) benchmarks/bench_ingest.py
+
+bench-cycles: install
+	$(PY) benchmarks/bench_hourly_cycles.py
 
 clean:
 	rm -rf lake lake-eval data benchmarks/out .pytest_cache airflow

@@ -21,6 +21,7 @@ same hour is idempotent (each table write is one Delta transaction keyed by its 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import statistics
@@ -68,6 +69,8 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.hours < 1:
         p.error("--hours must be at least 1")
+    if not a.reuse and not glob.glob(a.input):
+        p.error(f"no file matches --input {a.input} (the Globo log is in ../shared/datasets; see its README)")
     lake = Path(a.lake).resolve()
     start = datetime.fromisoformat(a.start)
     out_file = lake.parent / "hourly_cycles.json"
