@@ -106,11 +106,26 @@ class MetastoreInUse(SystemExit):
     log lines. It ends the process with one line (it is a SystemExit), before any work."""
 
 
-def check_metastore_free(cfg: SolarisConfig) -> None:
-    """Raise ``MetastoreInUse`` if another process holds the embedded metastore's lock (Derby holds
-    an exclusive lock on ``dbex.lck`` while booted); a shared metastore is not checked."""
+def metastore_locked(metastore_path: Path) -> bool:
+    """Whether a process holds the embedded (Derby) metastore at ``metastore_path``: Derby holds an
+    exclusive POSIX lock on ``dbex.lck`` while booted; probing takes and releases that lock."""
     import fcntl
 
+    lock = metastore_path / "dbex.lck"
+    if not lock.exists():
+        return False
+    with open(lock, "r+b") as f:
+        try:
+            fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        fcntl.lockf(f, fcntl.LOCK_UN)
+    return False
+
+
+def check_metastore_free(cfg: SolarisConfig) -> None:
+    """Raise ``MetastoreInUse`` if another process holds the embedded metastore; a shared metastore
+    is not checked."""
     from pyspark import SparkContext
 
     if any(k in cfg.spark.extra for k in SHARED_METASTORE_KEYS):
@@ -119,18 +134,11 @@ def check_metastore_free(cfg: SolarisConfig) -> None:
         # This process runs a JVM already, which may hold the lock itself; POSIX locks belong to
         # the process, so probing (and closing the file) here would release that JVM's lock.
         return
-    lock = cfg.lake.metastore_path / "dbex.lck"
-    if not lock.exists():
-        return
-    with open(lock, "r+b") as f:
-        try:
-            fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise MetastoreInUse(
-                f"error: the lake's embedded metastore ({cfg.lake.metastore_path}) is in use by another Spark "
-                f"driver (a job, spark-sql or the SQL entry point): the embedded default runs one at a time. "
-                f"Wait for it, or point [spark] extra at a shared Hive metastore to run jobs side by side.") from None
-        fcntl.lockf(f, fcntl.LOCK_UN)
+    if metastore_locked(cfg.lake.metastore_path):
+        raise MetastoreInUse(
+            f"error: the lake's embedded metastore ({cfg.lake.metastore_path}) is in use by another Spark "
+            f"driver (a job, spark-sql or the SQL entry point): the embedded default runs one at a time. "
+            f"Wait for it, or point [spark] extra at a shared Hive metastore to run jobs side by side.")
 
 
 def get_spark(cfg: SolarisConfig):

@@ -327,22 +327,14 @@ def _wait_until_metastore_free(metastore: Path, timeout: float = 300) -> None:
     """A killed driver's JVM may take a while to die (on a loaded machine, in the middle of a
     write) and holds the embedded metastore's Derby lock until it does: the next process would
     find the metastore in use. Probe the lock itself, as the jobs do, until it is free."""
-    import fcntl
+    from include.spark import metastore_locked
 
-    lock = metastore / "dbex.lck"
     deadline = time.time() + timeout
-    while lock.exists():
-        with open(lock, "r+b") as f:
-            try:
-                fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                if time.time() > deadline:
-                    pytest.fail(f"{lock} is still locked {timeout:.0f} s after the kill; held by:\n"
-                                + _lock_holders(lock))
-                time.sleep(0.2)
-                continue
-            fcntl.lockf(f, fcntl.LOCK_UN)
-            return
+    while metastore_locked(metastore):
+        if time.time() > deadline:
+            pytest.fail(f"{metastore} is still locked {timeout:.0f} s after the kill; held by:\n"
+                        + _lock_holders(metastore / "dbex.lck"))
+        time.sleep(0.2)
 
 
 def _lock_holders(lock: Path) -> str:
