@@ -24,6 +24,7 @@ import argparse
 import glob
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -69,9 +70,10 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.hours < 1:
         p.error("--hours must be at least 1")
-    if not a.reuse and not glob.glob(a.input):
-        p.error(f"no file matches --input {a.input} (the Globo log is in ../shared/datasets; see its README)")
     lake = Path(a.lake).resolve()
+    fresh = not (a.reuse and lake.exists())  # ingest (and train) into an empty lake
+    if fresh and not glob.glob(a.input):
+        p.error(f"no file matches --input {a.input} (the Globo log is in ../shared/datasets; see its README)")
     start = datetime.fromisoformat(a.start)
     out_file = lake.parent / "hourly_cycles.json"
     os.environ["SOLARIS_LAKE_ROOT"] = str(lake)
@@ -81,13 +83,11 @@ def main(argv=None) -> int:
 
     cfg = load_config(None)
     result: dict = {"input": a.input, "start": start.isoformat(), "hours": a.hours}
-    if not (a.reuse and cfg.models_root.exists()):
-        if not lake.exists() or not a.reuse:
-            import shutil
-
-            shutil.rmtree(lake, ignore_errors=True)
-            result["ingest_s"] = round(ingest(lake, a.input), 1)
-            print(f"ingest: {result['ingest_s']} s", flush=True)
+    if fresh:
+        shutil.rmtree(lake, ignore_errors=True)
+        result["ingest_s"] = round(ingest(lake, a.input), 1)
+        print(f"ingest: {result['ingest_s']} s", flush=True)
+    if fresh or not cfg.models_root.exists():
         t0 = time.perf_counter()
         training.train_all(cfg, "globo", training.model_set("quick"), until=start, log=lambda s: print(s, flush=True))
         result["train_s"] = round(time.perf_counter() - t0, 1)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
@@ -44,8 +45,6 @@ def read_table(cfg, table: str, columns: list[str], source: str | None, until=No
     given (pushed into the scan: on a long log the rows after a training window are never read).
     Every Parquet page's CRC is verified, as on every other read of the lake: a flipped byte fails
     the read instead of becoming training data."""
-    import pyarrow as pa
-
     dataset = _dataset(cfg, table)
     flt = pc.field("source") == source if source else None
     if until is not None:
