@@ -14,7 +14,7 @@ help:
 	@echo "make test    - install, then run the whole test suite"
 	@echo "make test-fast           - only the tests that need nothing but Python (marker unit; seconds)"
 	@echo "make test-compose        - docker compose up the whole stack in a Docker engine of its own and run an hourly DAG on it (root)"
-	@echo "make evaluate DATA=synthetic|mind|globo - replay evaluation, report in reports/replay_DATA/ (lake in lake-eval/DATA)"
+	@echo "make evaluate DATA=synthetic|mind|globo - replay evaluation, report in reports/replay_DATA/ (lake in lake-eval/DATA; ARGS=--window quick: a few hours)"
 	@echo "make serve               - the online lookup service on 127.0.0.1:8765 over ./lake"
 	@echo "make airflow             - Airflow standalone (SQLite) with the SOLARIS DAGs on http://127.0.0.1:8080 (AIRFLOW_PORT=...)"
 	@echo "make sql Q='SELECT ...'  - run SQL over the feature tables"

@@ -27,7 +27,7 @@ from datetime import datetime
 from pyspark.sql import functions as F
 
 from feature_store import lake
-from feature_store.resolution import TIERS
+from feature_store.resolution import ORDER
 from feature_store.tables import (COVERAGE_SWEEP, ITEMS, PRECOMPUTE_RUNS, REQUEST_LOG, USER_EVENTS, conform,
                                   ensure_tables, qualified_name)
 
@@ -137,13 +137,13 @@ def table(rows: list[dict]) -> str:
         by.setdefault(key, {"r": r, "share": {}, "pairs": 0})
         by[key]["share"][r["tier"]] = r["share"]
         by[key]["pairs"] += r["pairs"]
-    lines = ["| measured | budget | TTL | " + " | ".join(TIERS) + " | all but none | FM inferences / h "
-             "| verifier scores / h | served candidates / h |", "|---|---:|---:|" + "---:|" * (len(TIERS) + 4)]
+    lines = ["| measured | budget | TTL | " + " | ".join(ORDER) + " | all but none | FM inferences / h "
+             "| verifier scores / h | served candidates / h |", "|---|---:|---:|" + "---:|" * (len(ORDER) + 4)]
     for v in sorted(by.values(), key=lambda v: (str(v["r"]["interval_start"]), v["r"]["ttl_hours"], v["r"]["budget"])):
-        r, s = v["r"], {t: v["share"].get(t, 0.0) for t in TIERS}
+        r, s = v["r"], {t: v["share"].get(t, 0.0) for t in ORDER}
         hours = (r["interval_end"] - r["interval_start"]).total_seconds() / 3600
         lines.append(f"| {r['interval_start']:%Y-%m-%d %H:%M}..{r['interval_end']:%H:%M} | {100 * r['budget']:g}% | {r['ttl_hours']:g} h | "
-                     + " | ".join(f"{100 * s[t]:.1f}%" for t in TIERS)
+                     + " | ".join(f"{100 * s[t]:.1f}%" for t in ORDER)
                      + f" | {100 * (1 - s['none']):.1f}% | {r['fm_inferences'] / r['cycles']:,.0f} "
                        f"| {r['pairs_scored'] / r['cycles']:,.0f} | {v['pairs'] / hours:,.0f} |")
     return "\n".join(lines)

@@ -74,10 +74,21 @@ def _w(*ts: str) -> ReplayWindow:
 
 
 WINDOWS = {  # start, end, measure_from, test_from (UTC)
-    "synthetic": _w("2026-01-06T08:00", "2026-01-06T15:00", "2026-01-06T10:00", "2026-01-06T13:00"),
-    "globo": _w("2017-10-10T10:00", "2017-10-10T18:00", "2017-10-10T13:00", "2017-10-10T16:00"),
-    "mind": _w("2019-11-14T06:00", "2019-11-14T12:00", "2019-11-14T08:00", "2019-11-14T10:00"),
+    # long (the default): the VM variants learn from 36 or more hours of served rows, as a production
+    # VM learns from days of logged features; the synthetic world runs 96 hours for it
+    "long": {
+        "synthetic": _w("2026-01-07T06:00", "2026-01-09T00:00", "2026-01-07T08:00", "2026-01-08T18:00"),
+        "globo": _w("2017-10-09T00:00", "2017-10-11T00:00", "2017-10-09T02:00", "2017-10-10T18:00"),
+        "mind": _w("2019-11-14T06:00", "2019-11-14T12:00", "2019-11-14T08:00", "2019-11-14T10:00"),
+    },
+    # quick: a few replay hours, where training noise can decide a comparison (minutes, not an hour)
+    "quick": {
+        "synthetic": _w("2026-01-06T08:00", "2026-01-06T15:00", "2026-01-06T10:00", "2026-01-06T13:00"),
+        "globo": _w("2017-10-10T10:00", "2017-10-10T18:00", "2017-10-10T13:00", "2017-10-10T16:00"),
+        "mind": _w("2019-11-14T06:00", "2019-11-14T12:00", "2019-11-14T08:00", "2019-11-14T10:00"),
+    },
 }
+WORLD_HOURS = {"long": 96, "quick": 48}  # the synthetic world each window needs
 
 
 def pin_models(cfg, saved: dict[str, str]):
@@ -178,7 +189,7 @@ def run(spark, cfg, source: str, w: ReplayWindow, budgets: list[float], ttls: li
     return {"source": source, "bayes": bayes, "window": {k: getattr(w, k) for k in ("start", "end", "measure_from", "test_from")}
             | {"train_until": w.train_until}, "main": main.name, "points": results, "variants": variants,
             "initial_models": initial, "consumers": consumers,
-            "lookup_ms": latency, "seed": eval_config.vm_train.seed, "seconds": round(time.perf_counter() - t0, 1),
+            "lookup_ms": latency, "seed": eval_config.vm_train.seed, "seeds": list(eval_config.seeds), "seconds": round(time.perf_counter() - t0, 1),
             "reference": training.REFERENCE}
 
 
@@ -208,7 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     from experiments.coverage_sweep import floats
 
     p = argparse.ArgumentParser(prog="python -m experiments.replay", description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", choices=sorted(WINDOWS), default="synthetic")
+    p.add_argument("--data", choices=sorted(WINDOWS["long"]), default="synthetic")
+    p.add_argument("--window", choices=sorted(WINDOWS), default="long",
+                   help="long: 36+ hours of served rows for the VM variants (default); quick: a few hours")
     p.add_argument("--input", help="the log to ingest (synthetic: generated when absent)")
     from include import synthetic_world
 
@@ -225,16 +238,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ttls", type=floats, default=[1.0, 6.0, 24.0], help="pair-embedding TTLs in hours")
     p.add_argument("--models", choices=MODEL_SIZES, help="FM and verifier sizes (default: [models] sizes)")
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--seeds", type=int, default=3,
+                   help="train every VM variant with this many seeds (seed, seed + 1, ...); intervals cover them")
     p.add_argument("--reports", default="reports", help="the report goes to <reports>/replay_<source>/")
     p.add_argument("--config", help="SOLARIS TOML config")
+    p.set_defaults(synthetic_hours=None)  # the window's world unless given
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
+    if a.synthetic_hours is None:
+        a.synthetic_hours = WORLD_HOURS[a.window]
+    if a.seeds < 1:
+        p.error(f"--seeds must be >= 1, got {a.seeds}")
 
     from include.cli import parse_time
     from include.config import load_config
     from experiments import replay_eval, replay_report
     from model import training
 
-    base = WINDOWS[a.data]
+    base = WINDOWS[a.window][a.data]
     try:
         w = ReplayWindow(*(parse_time(getattr(a, k)) if getattr(a, k) else getattr(base, k)
                            for k in ("start", "end", "measure_from", "test_from")))
@@ -254,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     seeded = lambda t: replace(t, seed=a.seed)  # noqa: E731
     ec = replace(ec, fm_train=seeded(ec.fm_train), vm_train=seeded(ec.vm_train), ae_train=seeded(ec.ae_train),
                  split=replace(ec.split, seed=a.seed))
-    rc = replay_eval.ReplayEvalConfig(vm_train=seeded(replay_eval.ReplayEvalConfig().vm_train))
+    rc = replay_eval.ReplayEvalConfig(vm_train=seeded(replay_eval.ReplayEvalConfig().vm_train),
+                                      seeds=tuple(range(a.seed, a.seed + a.seeds)))
     try:
         if not a.skip_ingest:
             ingest(spark, cfg, a)

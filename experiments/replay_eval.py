@@ -9,6 +9,9 @@ Variants, all on the same rows:
 - VM: no FM input;
 - VM + KD (soft labels): the FM's probability as a second target;
 - VM + SOLARIS (served): the embedding and tier served, in training and in test;
+- VM + SOLARIS (served, tier-gated): the served VM, except on the rows of a tier where it was worse
+  than the VM on the validation hours: those take the VM's prediction (both models run online; the
+  tier says which one scores the row), so no tier is worse than the VM on validation;
 - VM + SOLARIS (exact only): the served embedding where its tier is exact, zeros and tier none elsewhere;
 - VM + FM embedding (oracle): every pair its own embedding from its history before the request,
   computed offline: the ceiling of full coverage;
@@ -30,19 +33,23 @@ from model import data as mdata
 from model import metrics
 from model.features import Vocab, build_examples, model_inputs, row_inputs, subset
 from model.train import TrainConfig, batches, bce_loss, fit, infer, kd_loss, n_params, pick_device, sigmoid
-from model.vm import TIER_NONE, TIERS, VerticalModel, VMConfig
+from model.training import vm_ids, vm_sizes
+from model.tiers import ORDER
+from model.vm import TIER_NONE, TIERS, TRAINED, VerticalModel, VMConfig
 
-VARIANTS = ("VM", "VM + KD (soft labels)", "VM + SOLARIS (served)", "VM + SOLARIS (exact only)",
-            "VM + FM embedding (oracle)", "FM")
-SERVED = "VM + SOLARIS (served)"
+VARIANTS = ("VM", "VM + KD (soft labels)", "VM + SOLARIS (served)", "VM + SOLARIS (served, tier-gated)",
+            "VM + SOLARIS (exact only)", "VM + FM embedding (oracle)", "FM")
+SERVED, GATED = "VM + SOLARIS (served)", "VM + SOLARIS (served, tier-gated)"
 
 
 @dataclass(frozen=True)
 class ReplayEvalConfig:
     val_share: float = 0.2  # of the training hours' requests, the latest
     kd_alpha: float = 1.0
-    vm_train: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=4, lr=3e-3))
-    bootstrap_resamples: int = 1000  # paired bootstrap over the test requests
+    # to convergence: early stopping on the validation hours decides (model.train.fit); epochs is a bound
+    vm_train: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=30, lr=3e-3))
+    seeds: tuple[int, ...] = (7, 8, 9)  # every variant trained once per seed; intervals cover seeds and requests
+    bootstrap_resamples: int = 1000  # paired bootstrap over the test requests (and the seeds)
 
 
 def served_rows(cfg, tables_root, start, end, source: str | None = None) -> pd.DataFrame:
@@ -121,7 +128,7 @@ def consumer_rows(cfg, rows: pd.DataFrame, consumer, source: str | None = None) 
 def coverage(rows: pd.DataFrame, since) -> dict[str, float]:
     """Share of the rows from ``since`` on served at each tier."""
     tiers = rows.loc[rows["ts"] >= pd.Timestamp(since), "tier"]
-    return {t: float((tiers == t).mean()) if len(tiers) else float("nan") for t in TIERS}
+    return {t: float((tiers == t).mean()) if len(tiers) else float("nan") for t in ORDER}
 
 
 def evaluate(cfg, rows_by_point: dict[str, pd.DataFrame], main: str, test_from, fm, ae, fm_vocab: Vocab,
@@ -137,10 +144,10 @@ def evaluate(cfg, rows_by_point: dict[str, pd.DataFrame], main: str, test_from, 
     events, items = mdata.events_and_items(cfg, source)
     splits = split(rows_by_point[main], test_from, ec.val_share)
     keys = {k: v[["request_id", "item_id"]] for k, v in splits.items()}
-    train_end = splits["train"]["ts"].max()
-    vocab = Vocab.fit(splits["train"], events[events["ts"] < train_end], items)
-    # the VMs read ids and context only: no history
-    x = {k: row_inputs(build_examples(v, events, vocab, 1, items)) for k, v in splits.items()}
+    # The VMs read ids and context only (no history), through the vocabulary of their training rows:
+    # an id first seen later reads the unknown row, which id dropout trains (model.vm)
+    vocab = Vocab.of_rows(splits["train"])
+    x = {k: {**row_inputs(build_examples(v, events, vocab, 1, items)), **vm_ids(vocab, v)} for k, v in splits.items()}
     y = x["test"]["label"]
     dim = ae.cfg.code_dim
     log(f"  replay rows: {', '.join(f'{k} {len(v):,}' for k, v in splits.items())} "
@@ -173,26 +180,36 @@ def evaluate(cfg, rows_by_point: dict[str, pd.DataFrame], main: str, test_from, 
         "VM + FM embedding (oracle)": lambda k: {**x[k], "fm": oracle[k].astype(np.float32),
                                                  "tier": np.full(len(x[k]["label"]), TIERS.index("exact"))},
     }
-    sizes = dict(n_users=vocab.size("user"), n_items=vocab.size("item"), n_devices=vocab.size("device"),
-                 n_surfaces=vocab.size("surface"))
+    sizes = vm_sizes(vocab)
+    seeds = tuple(ec.seeds) or (vm_train.seed,)
 
-    def train(name: str, make) -> tuple[VerticalModel, np.ndarray]:
-        log(f"  training {name}")
+    def train(name: str, make, seed: int) -> tuple[VerticalModel, np.ndarray]:
         val = make("val")
-        torch.manual_seed(vm_train.seed)  # the initial weights too, whatever ran before in this process
-        vm = VerticalModel(VMConfig(**sizes, use_fm_embedding="fm" in val, fm_dim=dim))
-        fit(vm, kd_loss(ec.kd_alpha) if "teacher" in val else bce_loss, make("train"), val, vm_train,
-            lambda *_: None)
-        return vm, sigmoid(infer(vm, vm, make("test"), device=device))
+        torch.manual_seed(seed)  # the initial weights too, whatever ran before in this process
+        vm = VerticalModel(VMConfig(**sizes, **TRAINED, use_fm_embedding="fm" in val, fm_dim=dim))
+        fitted = fit(vm, kd_loss(ec.kd_alpha) if "teacher" in val else bce_loss, make("train"), val,
+                     replace(vm_train, seed=seed), lambda *_: None)
+        log(f"  trained {name}, seed {seed}: {len(fitted['epochs'])} epochs, best validation NE "
+            f"{fitted['best_val_ne']:.4f}")
+        return vm, sigmoid(infer(vm, vm, make("test"), device=device)), sigmoid(infer(vm, vm, val, device=device))
 
-    models, preds = {}, {}
+    models, preds, val_preds = {}, {}, {}
     for name, make in inputs.items():
-        models[name], preds[name] = train(name, make)
-    variants = [v for v in VARIANTS if v in inputs or (v == "FM" and same_task)]
+        per_seed = [train(name, make, s) for s in seeds]
+        models[name], preds[name] = per_seed[0][0], np.stack([p for _, p, _ in per_seed])  # (S, n)
+        val_preds[name] = np.stack([v for _, _, v in per_seed])
+        if name == SERVED:
+            served_models = [m for m, _, _ in per_seed]
+    gated_tiers = tiers_worse_than_vm(x["val"]["label"], inputs[SERVED]("val")["tier"], val_preds)
+    test_tier = inputs[SERVED]("test")["tier"]
+    preds[GATED] = np.where(np.isin(test_tier, [TIERS.index(t) for t in gated_tiers])[None, :], preds["VM"],
+                            preds[SERVED])
+    models[GATED] = models[SERVED]
+    variants = [v for v in VARIANTS if v in inputs or v == GATED or (v == "FM" and same_task)]
     if same_task:
-        preds["FM"] = fm_p["test"]
-    ne_vm = metrics.normalized_entropy(y, preds["VM"])
-    ne_fm = metrics.normalized_entropy(y, preds["FM"]) if same_task else float("nan")
+        preds["FM"] = fm_p["test"][None, :]
+    ne_vm = seed_mean_ne(y, preds["VM"])
+    ne_fm = seed_mean_ne(y, preds["FM"]) if same_task else float("nan")
     rows = []
     for name in variants:
         s = metrics.summary(y, preds[name])
@@ -202,50 +219,81 @@ def evaluate(cfg, rows_by_point: dict[str, pd.DataFrame], main: str, test_from, 
                      else (1.0 if ne_fm < ne_vm else float("nan"))})
     intervals = metrics.paired_bootstrap(y, {n: preds[n] for n in variants}, splits["test"]["request_id"].to_numpy(),
                                          baseline="VM", reference="FM" if same_task else None,
-                                         resamples=ec.bootstrap_resamples, seed=vm_train.seed)
+                                         resamples=ec.bootstrap_resamples, seed=seeds[0])
     for r in rows:
         ci = intervals[r["model"]]
         r.update(ne_ci=ci["ne"], auc_ci=ci["auc"], ne_vs_vm_pct_ci=ci["ne_delta_pct_ci"], auc_vs_vm=ci["auc_delta"],
                  auc_vs_vm_ci=ci["auc_delta_ci"], transfer_ratio_ci=ci.get("transfer_ratio_ci"))
 
     # Does a fallback embedding help or hurt? The served model on each tier's rows, against the VM
-    # and against the same model fed "nothing served" on those rows.
+    # and against the same model fed "nothing served" on those rows; every seed, intervals over both.
     xt = inputs[SERVED]("test")
-    p_masked = sigmoid(infer(models[SERVED], models[SERVED], masked(xt), device=device))
+    p_masked = np.stack([sigmoid(infer(m, m, masked(xt), device=device)) for m in served_models])
+    test_requests = splits["test"]["request_id"].to_numpy()
     by_tier = []
-    for i, tier in enumerate(TIERS):
-        sel = xt["tier"] == i
+    for tier in ORDER:
+        sel = xt["tier"] == TIERS.index(tier)
         if not sel.any():
             by_tier.append({"tier": tier, "pairs": 0, "share": 0.0})
             continue
         yt = y[sel]
-        ne = {n: metrics.normalized_entropy(yt, preds[n][sel]) for n in ("VM", SERVED, "VM + FM embedding (oracle)")}
-        ne_masked = metrics.normalized_entropy(yt, p_masked[sel])
+        if yt.min() == yt.max():  # one class only: NE is defined, its bootstrap is not informative
+            ci = {}
+        else:
+            ci = metrics.paired_bootstrap(yt, {"VM": preds["VM"][:, sel], SERVED: preds[SERVED][:, sel],
+                                               "masked": p_masked[:, sel]}, test_requests[sel], baseline="VM",
+                                          resamples=ec.bootstrap_resamples, seed=seeds[0])
+        ne = {n: seed_mean_ne(yt, preds[n][:, sel]) for n in ("VM", SERVED, "VM + FM embedding (oracle)")}
+        ne_masked = seed_mean_ne(yt, p_masked[:, sel])
         by_tier.append({"tier": tier, "pairs": int(sel.sum()), "share": float(sel.mean()), "ctr": float(yt.mean()),
                         "ne_vm": ne["VM"], "ne_served": ne[SERVED], "ne_served_masked": ne_masked,
                         "ne_oracle": ne["VM + FM embedding (oracle)"],
                         "served_vs_vm_pct": 100 * (ne[SERVED] - ne["VM"]) / ne["VM"],
+                        "served_vs_vm_pct_ci": ci[SERVED]["ne_delta_pct_ci"] if ci else (float("nan"),) * 2,
                         "served_vs_masked_pct": 100 * (ne[SERVED] - ne_masked) / ne_masked})
 
     by_point = []
     for point in rows_by_point:
         if point == main:
             p = preds[SERVED]
-        else:
-            _, p = train(f"{SERVED} on {point}", lambda k, pt=point: {**x[k], **served_inputs(served[pt][k], dim)})
+        else:  # another budget or TTL: the first seed only
+            _, p, _ = train(f"{SERVED} on {point}", lambda k, pt=point: {**x[k], **served_inputs(served[pt][k], dim)},
+                         seeds[0])
         s = metrics.summary(y, p)
         by_point.append({"point": point, **s, "ne_vs_vm_pct": 100 * (s["ne"] - ne_vm) / ne_vm,
                          "transfer_ratio": metrics.transfer_ratio(ne_vm, s["ne"], ne_fm)})
     test = splits["test"]
+    columns = {}
+    for n in variants:
+        p = np.atleast_2d(preds[n])
+        columns.update({n: p[0]} if len(p) == 1 else {f"{n} [seed {s}]": row for s, row in zip(seeds, p)})
     predictions = pd.DataFrame({"request_id": test["request_id"].to_numpy(), "item_id": test["item_id"].to_numpy(),
-                                "label": y, **{n: preds[n] for n in variants}})
-    return {"rows": rows, "by_tier": by_tier, "by_point": by_point, "bootstrap": intervals["_meta"],
+                                "label": y, **columns})
+    return {"rows": rows, "by_tier": by_tier, "by_point": by_point, "bootstrap": intervals["_meta"], "seeds": list(seeds),
+            "gated_tiers": gated_tiers,
             "predictions": predictions,
             "fm_beats_vm": intervals["_meta"]["reference_beats_baseline"] if same_task else None,
             "window": {k: {"rows": len(v), "requests": int(v["request_id"].nunique()), "from": str(v["ts"].min()),
                            "to": str(v["ts"].max()), "ctr": float(v["label"].mean())} for k, v in splits.items()},
             "fm_online_ms": fm_request_latency(fm, ae, xf["test"], splits["test"]["request_id"].to_numpy()),
             "device": str(device), "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def tiers_worse_than_vm(y: np.ndarray, tier: np.ndarray, val_preds: dict[str, np.ndarray]) -> list[str]:
+    """The tiers on whose validation rows the served VM's NE (mean over seeds) is above the plain
+    VM's: there the tier-gated variant scores with the plain VM."""
+    out = []
+    for name in ORDER:
+        sel = tier == TIERS.index(name)
+        if sel.any() and y[sel].min() != y[sel].max() and \
+                seed_mean_ne(y[sel], val_preds[SERVED][:, sel]) > seed_mean_ne(y[sel], val_preds["VM"][:, sel]):
+            out.append(name)
+    return out
+
+
+def seed_mean_ne(y: np.ndarray, p: np.ndarray) -> float:
+    """The mean NE over the seeds of (S, n) predictions."""
+    return float(np.mean([metrics.normalized_entropy(y, row) for row in np.atleast_2d(p)]))
 
 
 def fm_request_latency(fm, ae, x: dict[str, np.ndarray], request_ids: np.ndarray, requests: int = 300) -> dict:

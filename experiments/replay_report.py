@@ -10,12 +10,12 @@ import math
 from datetime import datetime
 from pathlib import Path
 
-from feature_store.resolution import TIERS
+from feature_store.resolution import ORDER
 from model.metrics import format_interval as ci
 from model.metrics import transfer_label
 
 PAPER = {"VM + KD (soft labels)": "transfer 20-25%", "VM + SOLARIS (served)": "transfer 42-44%, NE -0.05..-0.10%"}
-COLORS = {"exact": "#2b8cbe", "user_mean": "#7bccc4", "neighbor": "#bae4bc", "none": "#d9d9d9"}
+COLORS = {"exact": "#2b8cbe", "item_mean": "#0868ac", "user_mean": "#7bccc4", "neighbor": "#bae4bc", "none": "#d9d9d9"}
 
 
 def pct(x: float, digits: int = 1, sign: bool = False) -> str:
@@ -43,20 +43,25 @@ def consumers_markdown(r: dict) -> list[str]:
            f"Every VM that reads the embeddings, on its own rows of the replay (its surface, its label): the tier "
            f"each of its candidates of [{w['measure_from']:%H:%M}, {w['end']:%H:%M}) was served, and its variants on "
            "the test hours. The FM learned clicks: a consumer of another task has no FM row, KD teacher or transfer ratio.", "",
-           "| consumer | task | surface | " + " | ".join(TIERS) + " | test rows | VM NE | VM + SOLARIS (served) vs VM "
+           "| consumer | task | surface | " + " | ".join(ORDER) + " | test rows | VM NE | VM + SOLARIS (served) vs VM "
            "[95% CI] | oracle vs VM [95% CI] | served transfer ratio [95% CI] |",
-           "|---|---|---|" + "---:|" * (len(TIERS) + 5)]
+           "|---|---|---|" + "---:|" * (len(ORDER) + 5)]
     for name, c in r["consumers"].items():
         rows = {x["model"]: x for x in c["rows"]}
         served, oracle = rows["VM + SOLARIS (served)"], rows["VM + FM embedding (oracle)"]
         tr = ("n/a: the FM does not predict this task" if c["fm_beats_vm"] is None else
               transfer_label(served["transfer_ratio"], served.get("transfer_ratio_ci"), c["fm_beats_vm"]))
         out.append(f"| {name} | {c['task']} | {c['surface'] or 'all'} | "
-                   + " | ".join(pct(c["coverage"].get(t, 0.0)) for t in TIERS)
+                   + " | ".join(pct(c["coverage"].get(t, 0.0)) for t in ORDER)
                    + f" | {c['window']['test']['rows']:,} | {rows['VM']['ne']:.4f} | "
                      f"{served['ne_vs_vm_pct']:+.2f}% {ci(served['ne_vs_vm_pct_ci'], '+.2f')} | "
                      f"{oracle['ne_vs_vm_pct']:+.2f}% {ci(oracle['ne_vs_vm_pct_ci'], '+.2f')} | {tr} |")
     return out
+
+
+def seeds_text(r: dict) -> str:
+    seeds = r.get("seeds") or [r["seed"]]
+    return f"VM variants trained with seeds {', '.join(map(str, seeds))}" if len(seeds) > 1 else f"seed {seeds[0]} (one seed)"
 
 
 def markdown(r: dict) -> str:
@@ -69,7 +74,7 @@ def markdown(r: dict) -> str:
            f"hourly cycles {w['start']:%Y-%m-%d %H:%M} .. {w['end']:%H:%M} ({len(main['cycles'])} cycles, misses "
            f"queued); coverage over [{w['measure_from']:%H:%M}, {w['end']:%H:%M}); VM variants trained on "
            f"[{w['start']:%H:%M}, {w['test_from']:%H:%M}) (the latest 20% of those requests validate) and tested on "
-           f"[{w['test_from']:%H:%M}, {w['end']:%H:%M}). Main setting {r['main']}; seed {r['seed']}; "
+           f"[{w['test_from']:%H:%M}, {w['end']:%H:%M}). Main setting {r['main']}; {seeds_text(r)}; "
            f"{r['seconds']:.0f} s on {v['device']}.", "",
            f"## VM variants on the test hours ({test['rows']:,} candidates, {test['requests']:,} requests, "
            f"CTR {test['ctr']:.3f})", "",
@@ -85,11 +90,17 @@ def markdown(r: dict) -> str:
                    f"{x['auc_vs_vm']:+.4f} {ci(x['auc_vs_vm_ci'], '+.4f')} | {tr} | {PAPER.get(x['model'], '')} |")
     lo, hi = rows["FM"]["ne_vs_vm_pct_ci"]
     b = v["bootstrap"]
-    verdict = (f"Intervals: paired bootstrap over the {b['groups']:,} test requests, {b['resamples']:,} resamples. "
+    over = (f"the {b.get('seeds', 1)} training seeds and the {b['groups']:,} test requests (each resample draws seeds, "
+            f"then requests, with replacement; every figure is the mean over the seeds)" if b.get("seeds", 1) > 1
+            else f"the {b['groups']:,} test requests (one training seed)")
+    verdict = (f"Intervals: paired bootstrap over {over}, {b['resamples']:,} resamples. "
                + (f"The FM beats the VM by {100 * (ne_vm - ne_fm) / ne_vm:.2f}% NE (interval of the NE delta "
                   f"[{lo:+.2f}%, {hi:+.2f}%]), so transfer ratios are shown." if better else
                   f"The FM does not beat the VM with an interval that excludes zero (NE {ne_fm:.4f} vs {ne_vm:.4f}, "
                   f"delta [{lo:+.2f}%, {hi:+.2f}%]): there is no gain to transfer, and no transfer ratio is shown."))
+    gated = v.get("gated_tiers", [])
+    verdict += (" Tier-gated: the served VM scores every row except those of the tiers where it was worse than the "
+                "VM on the validation hours (" + (", ".join(gated) or "none") + "), which the VM scores.")
     out += ["", verdict, "",
             f"Windows: the FM (and the verifier) trained on the requests before {w['train_until']:%Y-%m-%d %H:%M}, the "
             f"VM variants on the replay hours [{w['start']:%H:%M}, {w['test_from']:%H:%M}): the FM row above is not "
@@ -102,22 +113,22 @@ def markdown(r: dict) -> str:
                 bayes_markdown(r["bayes"])]
     out += ["", "## Coverage by tier", "",
             f"Served candidates of [{w['measure_from']:%H:%M}, {w['end']:%H:%M}), setting {r['main']}: "
-            + ", ".join(f"{t} {pct(main['coverage'].get(t, 0.0))}" for t in TIERS)
+            + ", ".join(f"{t} {pct(main['coverage'].get(t, 0.0))}" for t in ORDER)
             + f" ({main['served']:,} candidates). By hour (![coverage over time](coverage_over_time.png)):", "",
-            "| hour | candidates | " + " | ".join(TIERS) + " |", "|---|---:|" + "---:|" * len(TIERS)]
+            "| hour | candidates | " + " | ".join(ORDER) + " |", "|---|---:|" + "---:|" * len(ORDER)]
     for h in main["hourly"]:
-        n = sum(h[t] for t in TIERS)
-        out.append(f"| {h['hour']:%m-%d %H:%M} | {n:,} | " + " | ".join(pct(h[t] / n) for t in TIERS) + " |")
+        n = sum(h[t] for t in ORDER)
+        out.append(f"| {h['hour']:%m-%d %H:%M} | {n:,} | " + " | ".join(pct(h[t] / n) for t in ORDER) + " |")
     out += ["", "## Coverage, NE and FM work against budget and TTL", "",
             "NE of VM + SOLARIS (served) trained and tested on each setting's served features "
             "(![budget and TTL](budget_ttl.png)).", "",
-            "| budget | TTL | " + " | ".join(TIERS) + " | NE | NE vs VM | transfer | FM inferences / h | replay s |",
-            "|---:|---:|" + "---:|" * (len(TIERS) + 5)]
+            "| budget | TTL | " + " | ".join(ORDER) + " | NE | NE vs VM | transfer | FM inferences / h | replay s |",
+            "|---:|---:|" + "---:|" * (len(ORDER) + 5)]
     by_point = {x["point"]: x for x in v["by_point"]}
     for name, p in sorted(r["points"].items(), key=lambda kv: (kv[1]["ttl_hours"], kv[1]["budget"])):
         e = by_point[name]
         out.append(f"| {100 * p['budget']:g}% | {p['ttl_hours']:g} h | "
-                   + " | ".join(pct(p["coverage"].get(t, 0.0)) for t in TIERS)
+                   + " | ".join(pct(p["coverage"].get(t, 0.0)) for t in ORDER)
                    + f" | {e['ne']:.4f} | {e['ne_vs_vm_pct']:+.2f}% | {transfer_label(e['transfer_ratio'], None, better)} | "
                      f"{per_hour(p, 'pairs_embedded'):,.0f} | {p['seconds']:.0f} |")
     solaris, spec, online = (per_hour(main, "pairs_embedded"), per_hour(main, "pairs_scored"),
@@ -138,14 +149,15 @@ def markdown(r: dict) -> str:
             "Each tier's rows scored by the served model, by the VM, and by the served model fed "
             "\"nothing served\" (zeros, tier none) on the same rows (![NE by tier](ne_by_tier.png)).", "",
             "| tier | candidates | share | CTR | NE VM | NE served | NE served, embedding masked | NE oracle "
-            "| served vs VM | served vs masked |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "| served vs VM [95% CI] | served vs masked |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for t in v["by_tier"]:
         if not t["pairs"]:
             out.append(f"| {t['tier']} | 0 | 0.0% | | | | | | | |")
             continue
         out.append(f"| {t['tier']} | {t['pairs']:,} | {pct(t['share'])} | {t['ctr']:.3f} | {t['ne_vm']:.4f} | "
                    f"{t['ne_served']:.4f} | {t['ne_served_masked']:.4f} | {t['ne_oracle']:.4f} | "
-                   f"{t['served_vs_vm_pct']:+.2f}% | {t['served_vs_masked_pct']:+.2f}% |")
+                   f"{t['served_vs_vm_pct']:+.2f}% {ci(t.get('served_vs_vm_pct_ci', (float('nan'),) * 2), '+.2f')} | "
+                   f"{t['served_vs_masked_pct']:+.2f}% |")
     out += consumers_markdown(r)
     q = main["miss_queue"].get("replay", {"pairs": 0, "consumed": 0})
     out += ["", f"Miss queue: {q['pairs']:,} misses recorded, {q['consumed']:,} taken in by a later cycle "
@@ -184,8 +196,8 @@ def plots(r: dict, out: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(8, 4))
     hours = [h["hour"] for h in main["hourly"]]
     bottom = [0.0] * len(hours)
-    for t in TIERS:
-        share = [h[t] / max(sum(h[x] for x in TIERS), 1) for h in main["hourly"]]
+    for t in ORDER:
+        share = [h[t] / max(sum(h[x] for x in ORDER), 1) for h in main["hourly"]]
         ax.bar(range(len(hours)), share, bottom=bottom, color=COLORS[t], label=t)
         bottom = [b + s for b, s in zip(bottom, share)]
     ax.set_xticks(range(len(hours)), [f"{h:%H:%M}" for h in hours], rotation=45)
@@ -206,7 +218,7 @@ def plots(r: dict, out: Path) -> list[Path]:
                                   (axes[1], "ttl_hours", "budget", "TTL (hours)")):
         pts = sorted((p for p in r["points"].items() if p[1][fixed] == m[fixed]), key=lambda kv: kv[1][key])
         xs = [p[key] * (100 if key == "budget" else 1) for _, p in pts]
-        for t in TIERS:
+        for t in ORDER:
             ax.plot(xs, [p["coverage"].get(t, 0.0) for _, p in pts], "o-", color=COLORS[t] if t != "none" else "#888",
                     label=t)
         ax.set_xlabel(label + (" (%)" if key == "budget" else ""))
@@ -224,7 +236,7 @@ def plots(r: dict, out: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(8, 4))
     cycles = main["cycles"]
     xs = [f"{c['interval_end']:%H:%M}" for c in cycles]
-    served = {h["hour"]: sum(h[t] for t in TIERS) for h in main["hourly"]}
+    served = {h["hour"]: sum(h[t] for t in ORDER) for h in main["hourly"]}
     ax.plot(xs, [c["pairs_embedded"] for c in cycles], "o-", label="SOLARIS (FM inferences)")
     ax.plot(xs, [c["pairs_scored"] for c in cycles], "s-", label="precompute every speculated pair")
     ax.plot(xs, [served.get(c["interval_end"], 0) for c in cycles], "^-", label="FM online (candidates served in the hour)")

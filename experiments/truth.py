@@ -30,6 +30,13 @@ def read_truth(tables_root, source: str | None = None) -> pd.DataFrame | None:
     return table.to_pandas() if table.num_rows else None
 
 
+def seeded_column(predictions: pd.DataFrame, model: str) -> np.ndarray:
+    """A model's predictions: (n,) from its column, or (S, n) from its columns ``<model> [seed s]``
+    when it was trained once per seed (the replay's VM variants)."""
+    seeded = [c for c in predictions.columns if c.startswith(f"{model} [seed ")]
+    return np.stack([predictions[c].to_numpy() for c in seeded]) if seeded else predictions[model].to_numpy()
+
+
 def bayes_gap(predictions: pd.DataFrame, truth: pd.DataFrame, models: list[str], baseline: str = "VM",
               resamples: int = 1000, seed: int = 7, column: str = "p_click") -> dict:
     """Bayes NE and each model's share of the baseline's gap to it, with intervals.
@@ -43,10 +50,10 @@ def bayes_gap(predictions: pd.DataFrame, truth: pd.DataFrame, models: list[str],
     if missing:
         raise ValueError(f"{missing} of {len(rows)} evaluated rows have no truth: the truth table is of another log")
     y = rows["label"].to_numpy()
-    preds = {m: rows[m].to_numpy() for m in models} | {"Bayes": rows[column].to_numpy()}
+    preds = {m: seeded_column(rows, m) for m in models} | {"Bayes": rows[column].to_numpy()}
     ci = metrics.paired_bootstrap(y, preds, rows["request_id"].to_numpy(), baseline=baseline, reference="Bayes",
                                   resamples=resamples, seed=seed)
-    ne = {m: metrics.normalized_entropy(y, p) for m, p in preds.items()}
+    ne = {m: float(np.mean([metrics.normalized_entropy(y, r) for r in np.atleast_2d(p)])) for m, p in preds.items()}
     out = {"bayes_ne": ne["Bayes"], "bayes_ne_ci": ci["Bayes"]["ne"], "bayes_auc": metrics.auc(y, preds["Bayes"]),
            "label": {"p_click": "click", "p_conversion": "conversion"}.get(column, column), "models": {}}
     for m in models:

@@ -10,11 +10,12 @@ finds its keys. Keys of a namespace:
 
 - ``p:<user>``: hash, field item -> 16-byte validity (computed_at, expires_at: int64 UTC µs) + dim float32
 - ``m:<user>``: the user mean, the same layout
+- ``i:<item>``: the item mean, the same layout
 - ``n:<user>``: validity, uint32 k, k float32 similarities, then the k neighbor ids joined by 0x1f
 - ``meta``: JSON with the run id, versions and dim
 
 A lookup reads the pointer (cached for ``pointer_seconds``), then in one pipelined round trip the
-user's exact pairs (HMGET), mean and neighbors; only when a candidate needs the neighbor tier, a
+user's exact pairs (HMGET), the candidates' item means (MGET), the user's mean and neighbors; only when a candidate needs the neighbor tier, a
 second round trip reads the neighbors' pairs and means. The fetched rows become a small Snapshot
 and the shared rule resolves them, so Redis and the embedded store cannot answer differently.
 """
@@ -63,6 +64,10 @@ def publish(snapshot: Snapshot, redis, prefix: str = "solaris", grace_seconds: i
     for u in has_mean:
         pipe.set(f"{ns}:m:{users[u]}", _pack(snapshot.mean_valid[u], snapshot.mean_embedding[u]))
         step()
+    has_item_mean = np.flatnonzero(snapshot.item_mean_valid[:-1, 1] != np.iinfo(np.int64).min)
+    for i in has_item_mean:
+        pipe.set(f"{ns}:i:{items[i]}", _pack(snapshot.item_mean_valid[i], snapshot.item_mean_embedding[i]))
+        step()
     k = snapshot.neighbor_ids.shape[1]
     has_nb = np.flatnonzero((snapshot.neighbor_ids[:-1] >= 0).any(axis=1)) if k else np.zeros(0, np.int64)
     for u in has_nb:
@@ -83,6 +88,7 @@ def publish(snapshot: Snapshot, redis, prefix: str = "solaris", grace_seconds: i
             redis.expire(key, grace_seconds)
             expired += 1
     return {"namespace": ns, "pairs": int(len(snapshot.pair_keys)), "user_means": int(len(has_mean)),
+            "item_means": int(len(has_item_mean)),
             "users_with_neighbors": int(len(has_nb)), "old_keys_expiring": expired}
 
 
@@ -127,10 +133,12 @@ class RedisStore(LookupStore):
             return np.zeros((len(items), dim), np.float32), np.full(len(items), NONE, np.int8), meta.get("run_id")
         pipe = self.redis.pipeline(transaction=False)
         pipe.hmget(f"{ns}:p:{user_id}", items)
+        pipe.mget([f"{ns}:i:{i}" for i in items])
         pipe.get(f"{ns}:m:{user_id}")
         pipe.get(f"{ns}:n:{user_id}")
-        exact, mean, nb = pipe.execute()
+        exact, item_mean, mean, nb = pipe.execute()
         pairs = [(user_id, i, r) for i, r in zip(items, exact) if r is not None]
+        item_means = list({i: (i, r) for i, r in zip(items, item_mean) if r is not None}.values())
         means = [(user_id, mean)] if mean is not None else []
         neighbors = []
         if nb is not None:
@@ -138,7 +146,7 @@ class RedisStore(LookupStore):
             sims = np.frombuffer(nb, "<f4", k, 20)
             ids = nb[20 + 4 * k:].decode().split(SEP) if k else []
             neighbors = [(user_id, r + 1, v, float(s), a, b) for r, (v, s) in enumerate(zip(ids, sims))]
-        snap = self._snapshot(pairs, means, neighbors, dim, meta.get("run_id"))
+        snap = self._snapshot(pairs, means, neighbors, dim, meta.get("run_id"), item_means)
         emb, tiers = snap.lookup(user_id, items, now)
         rest = [i for i, t in zip(items, tiers) if t == NONE]
         if neighbors and rest:  # second round trip only for the candidates that need the neighbor tier
@@ -151,12 +159,12 @@ class RedisStore(LookupStore):
                 pairs += [(v, i, r) for i, r in zip(rest, got[2 * j]) if r is not None]
                 if got[2 * j + 1] is not None:
                     means.append((v, got[2 * j + 1]))
-            snap = self._snapshot(pairs, means, neighbors, dim, meta.get("run_id"))
+            snap = self._snapshot(pairs, means, neighbors, dim, meta.get("run_id"), item_means)
             emb, tiers = snap.lookup(user_id, items, now)
         return emb, tiers, meta.get("run_id")
 
     @staticmethod
-    def _snapshot(pairs, means, neighbors, dim: int, run_id) -> Snapshot:
+    def _snapshot(pairs, means, neighbors, dim: int, run_id, item_means=()) -> Snapshot:
         """The fetched rows as a small Snapshot, decoded in bulk (one frombuffer per table)."""
         record = np.dtype([("a", "<i8"), ("b", "<i8"), ("e", "<f4", (dim,))])
 
@@ -170,12 +178,14 @@ class RedisStore(LookupStore):
 
         p_emb, p_ok, p_valid = decode([x[2] for x in pairs])
         m_emb, m_ok, m_valid = decode([x[1] for x in means])
+        i_emb, i_ok, i_valid = decode([x[1] for x in item_means])
         return Snapshot.from_columns(
             dim, ([x[0] for x in pairs], [x[1] for x in pairs], p_emb, p_ok, p_valid),
             ([x[0] for x in means], m_emb, m_ok, m_valid),
             ([x[0] for x in neighbors], np.array([x[1] for x in neighbors], np.int64), [x[2] for x in neighbors],
              np.array([x[3] for x in neighbors], np.float32),
-             np.array([(x[4], x[5]) for x in neighbors], np.int64).reshape(-1, 2)), run_id)
+             np.array([(x[4], x[5]) for x in neighbors], np.int64).reshape(-1, 2)), run_id,
+            ([x[0] for x in item_means], i_emb, i_ok, i_valid))
 
     def status(self) -> dict:
         import redis

@@ -1,19 +1,21 @@
 """The one rule that decides which FM embedding a (user, item) request gets, and a snapshot to apply it to.
 
-For a request at time ``now``, first match wins:
+For a request at time ``now``, first match wins (``model.tiers.ORDER``):
 
 1. ``exact``: the pair's own row in ``pair_embeddings``;
-2. ``user_mean``: the user's row in ``user_mean_embeddings``;
-3. ``neighbor``: from the user's rows in ``user_neighbors`` (top-k similar users): the
+2. ``item_mean``: the item's row in ``item_mean_embeddings`` (its recent pair embeddings across
+   users, time-decayed);
+3. ``user_mean``: the user's row in ``user_mean_embeddings``;
+4. ``neighbor``: from the user's rows in ``user_neighbors`` (top-k similar users): the
    similarity-weighted mean of the neighbors' exact embeddings of this item, when at least one
    neighbor has one; else the similarity-weighted mean of the neighbors' user means;
-4. ``none``: zeros.
+5. ``none``: zeros.
 
 A row counts only while ``computed_at <= now < expires_at``, so an expired row is never served,
 whether or not cleanup has run. Neighbor weights are the similarities clipped at 0; if every
 usable neighbor has similarity <= 0 they weigh equally.
 
-The rule is applied to a ``Snapshot``: the three tables at fixed Delta versions, held as
+The rule is applied to a ``Snapshot``: the serving tables at fixed Delta versions, held as
 contiguous arrays (no Python object per pair). The batch as-of job (spark_jobs/resolve_features.py)
 and the online lookup both call ``Snapshot.resolve``, so they cannot disagree.
 """
@@ -30,7 +32,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from model.tiers import EXACT, NEIGHBOR, NONE, TIERS, USER_MEAN  # noqa: F401  (re-exported for readers)
+from model.tiers import EXACT, ITEM_MEAN, NEIGHBOR, NONE, ORDER, TIERS, USER_MEAN  # noqa: F401  (re-exported for readers)
 
 _NEVER = np.iinfo(np.int64).min  # expires_at of "no row": never valid
 _EPOCH, _MICRO = datetime(1970, 1, 1), timedelta(microseconds=1)
@@ -134,6 +136,8 @@ class Snapshot:
     neighbor_ids: np.ndarray  # (U + 1, k) int64 user codes, -1 = no neighbor
     neighbor_similarity: np.ndarray  # (U + 1, k) float32
     neighbor_valid: np.ndarray  # (U + 1, 2)
+    item_mean_embedding: np.ndarray  # (I + 1, dim) float32, zeros where an item has no mean
+    item_mean_valid: np.ndarray  # (I + 1, 2); row I (code -1) is never valid
     run_id: str | None = None
     stats: dict = field(default_factory=dict)
 
@@ -143,7 +147,7 @@ class Snapshot:
 
     @classmethod
     def from_arrow(cls, pairs: pa.Table | None, means: pa.Table | None, neighbors: pa.Table | None,
-                   dim: int | None = None, run_id: str | None = None) -> "Snapshot":
+                   dim: int | None = None, run_id: str | None = None, item_means: pa.Table | None = None) -> "Snapshot":
         """Build from Arrow tables with the declared columns (None = table absent, i.e. empty).
 
         Rows whose embedding is not ``dim`` finite floats are excluded and counted in
@@ -152,9 +156,12 @@ class Snapshot:
         pairs = pairs if pairs is not None else _empty_pairs()
         means = means if means is not None else _empty_means()
         neighbors = neighbors if neighbors is not None else _empty_neighbors()
-        dim = infer_dim(pairs["embedding"], means["embedding"], default=dim or 32) if dim is None else dim
+        item_means = item_means if item_means is not None else _empty_item_means()
+        dim = infer_dim(pairs["embedding"], means["embedding"], item_means["embedding"], default=dim or 32) \
+            if dim is None else dim
         p_emb, p_ok = _vectors(pairs["embedding"], dim)
         m_emb, m_ok = _vectors(means["embedding"], dim)
+        i_emb, i_ok = _vectors(item_means["embedding"], dim)
 
         def valid(t):
             return np.stack([_micros(t["computed_at"]), _micros(t["expires_at"])], axis=1) if len(t) \
@@ -167,21 +174,26 @@ class Snapshot:
         return cls.from_columns(
             dim, (_strings(pairs["user_id"]), _strings(pairs["item_id"]), p_emb, p_ok, valid(pairs)),
             (_strings(means["user_id"]), m_emb, m_ok, valid(means)),
-            (_strings(neighbors["user_id"]), ranks, _strings(neighbors["neighbor_id"]), sims, valid(neighbors)), run_id)
+            (_strings(neighbors["user_id"]), ranks, _strings(neighbors["neighbor_id"]), sims, valid(neighbors)), run_id,
+            (_strings(item_means["item_id"]), i_emb, i_ok, valid(item_means)))
 
     @classmethod
-    def from_columns(cls, dim: int, pairs: tuple, means: tuple, neighbors: tuple, run_id: str | None = None) -> "Snapshot":
+    def from_columns(cls, dim: int, pairs: tuple, means: tuple, neighbors: tuple, run_id: str | None = None,
+                     item_means: tuple | None = None) -> "Snapshot":
         """Build from numpy columns (what ``from_arrow`` and the Redis backend both produce):
 
         pairs = (user ids, item ids, embeddings (n, dim), usable mask, validity (n, 2) µs);
         means = (user ids, embeddings, usable mask, validity); neighbors = (user ids, ranks from 1,
-        neighbor ids, similarities, validity). Rows not usable are excluded and counted.
+        neighbor ids, similarities, validity); item_means = (item ids, embeddings, usable mask,
+        validity), None for none. Rows not usable are excluded and counted.
         """
         p_users, p_items, emb, ok, valid = pairs
         m_users, m_emb, m_ok, m_valid = means
         n_users_col, ranks, n_ids, sim, n_valid = neighbors
+        i_items, i_emb, i_ok, i_valid = item_means if item_means is not None else \
+            ([], np.zeros((0, dim), np.float32), np.zeros(0, bool), np.zeros((0, 2), np.int64))
         users = Codes(np.concatenate([np.asarray(c, dtype=object) for c in (p_users, m_users, n_users_col, n_ids)]))
-        items = Codes(p_items)
+        items = Codes(np.concatenate([np.asarray(c, dtype=object) for c in (p_items, i_items)]))
         n_users, n_items = len(users), max(len(items), 1)
 
         keys = users.get_indexer(p_users).astype(np.int64) * n_items + items.get_indexer(p_items) if len(p_users) \
@@ -212,34 +224,49 @@ class Snapshot:
             neighbor_ids[nu[good], ranks[good] - 1] = nv[good]
             neighbor_similarity[nu[good], ranks[good] - 1] = sim[good]
             neighbor_valid[nu[good]] = n_valid[good]
-        stats = {"pairs": int((~dup).sum()), "user_means": int(m_ok.sum()),
+        item_mean_embedding = np.zeros((len(items) + 1, dim), np.float32)
+        item_mean_valid = np.full((len(items) + 1, 2), _NEVER, np.int64)
+        if len(i_items):
+            ic = items.get_indexer(i_items)
+            item_mean_embedding[ic[i_ok]] = i_emb[i_ok]
+            item_mean_valid[ic[i_ok]] = i_valid[i_ok]
+        excluded += int((~np.asarray(i_ok, bool)).sum())
+        stats = {"pairs": int((~dup).sum()), "user_means": int(m_ok.sum()), "item_means": int(np.sum(i_ok)),
                  "users_with_neighbors": int((neighbor_ids >= 0).any(axis=1).sum()) if k else 0,
                  "excluded_invalid": excluded, "duplicate_pairs": int(dup.sum())}
         return cls(dim, users, items, pair_keys[~dup], pair_embedding[~dup], pair_valid[~dup], mean_embedding,
-                   mean_valid, neighbor_ids, neighbor_similarity, neighbor_valid, run_id, stats)
+                   mean_valid, neighbor_ids, neighbor_similarity, neighbor_valid, item_mean_embedding, item_mean_valid,
+                   run_id, stats)
 
     @classmethod
     def load(cls, tables_root: str | Path, versions: dict[str, int | None] | None = None, dim: int | None = None,
              run_id: str | None = None) -> "Snapshot":
-        """Read the three tables with delta-rs (no JVM) at the given versions (None = latest).
+        """Read the serving tables with delta-rs (no JVM) at the given versions (no versions: the latest).
 
         A table that does not exist yet is read as empty; one that exists but cannot be read raises.
+        Of a publication (``versions`` given), a table it has no version of (published before the
+        table existed) is read as empty, never at its latest version.
         """
         from feature_store.lake import read_arrow
-        from feature_store.tables import PAIR_EMBEDDINGS, USER_MEAN_EMBEDDINGS, USER_NEIGHBORS
+        from feature_store.tables import ITEM_MEAN_EMBEDDINGS, PAIR_EMBEDDINGS, USER_MEAN_EMBEDDINGS, USER_NEIGHBORS
 
+        published = bool(versions)
         versions = versions or {}
         read = {}
         for spec, cols in ((PAIR_EMBEDDINGS, PAIR_COLUMNS), (USER_MEAN_EMBEDDINGS, MEAN_COLUMNS),
-                           (USER_NEIGHBORS, NEIGHBOR_COLUMNS)):
+                           (USER_NEIGHBORS, NEIGHBOR_COLUMNS), (ITEM_MEAN_EMBEDDINGS, ITEM_MEAN_COLUMNS)):
             version = versions.get(f"{spec.name}_version")
+            if published and version is None:
+                read[spec.name] = None
+                continue
             try:
                 read[spec.name] = read_arrow(tables_root, spec, version, columns=list(cols))
             except FileNotFoundError:
                 if version is not None:  # a published version that is gone is an error, not "empty"
                     raise
                 read[spec.name] = None
-        return cls.from_arrow(read["pair_embeddings"], read["user_mean_embeddings"], read["user_neighbors"], dim, run_id)
+        return cls.from_arrow(read["pair_embeddings"], read["user_mean_embeddings"], read["user_neighbors"], dim, run_id,
+                              read["item_mean_embeddings"])
 
     def _pairs(self, u: np.ndarray, i: np.ndarray, now: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(row of the pair in pair_* arrays, whether a valid row exists) for codes u, i (any shape)."""
@@ -277,7 +304,11 @@ class Snapshot:
         out[exact] = self.pair_embedding[pos[exact]]
         tier[exact] = EXACT
 
-        mean = ~exact & self._mean_ok(u, now)
+        item = ~exact & valid_at(self.item_mean_valid[i], now)
+        out[item] = self.item_mean_embedding[i[item]]
+        tier[item] = ITEM_MEAN
+
+        mean = (tier == NONE) & self._mean_ok(u, now)
         out[mean] = self.mean_embedding[u[mean]]
         tier[mean] = USER_MEAN
 
@@ -313,6 +344,7 @@ class Snapshot:
 PAIR_COLUMNS = ("user_id", "item_id", "embedding", "computed_at", "expires_at")
 MEAN_COLUMNS = ("user_id", "embedding", "computed_at", "expires_at")
 NEIGHBOR_COLUMNS = ("user_id", "rank", "neighbor_id", "similarity", "computed_at", "expires_at")
+ITEM_MEAN_COLUMNS = ("item_id", "embedding", "computed_at", "expires_at")
 
 
 def _strings(col) -> np.ndarray:
@@ -332,6 +364,11 @@ def _empty_pairs() -> pa.Table:
 def _empty_means() -> pa.Table:
     ts = pa.timestamp("us", tz="UTC")
     return _empty({"user_id": pa.string(), "embedding": pa.list_(pa.float32()), "computed_at": ts, "expires_at": ts})
+
+
+def _empty_item_means() -> pa.Table:
+    ts = pa.timestamp("us", tz="UTC")
+    return _empty({"item_id": pa.string(), "embedding": pa.list_(pa.float32()), "computed_at": ts, "expires_at": ts})
 
 
 def _empty_neighbors() -> pa.Table:

@@ -246,6 +246,37 @@ USER_MEAN_EMBEDDINGS = TableSpec(
     expiry="a row is valid for t in [computed_at, expires_at)",
 )
 
+ITEM_EMBEDDING_SUMS = TableSpec(
+    name="item_embedding_sums",
+    description="Per precompute run and item: the sum and count of the pair embeddings the run wrote (partials of the item means).",
+    columns=(
+        ("run_id", "STRING", "precompute run that wrote the pair embeddings"),
+        ("item_id", "STRING", "source item id"),
+        ("embedding_sum", "ARRAY<DOUBLE>", "sum of the item's valid pair embeddings from the run, over its users (C values)"),
+        ("pair_count", "BIGINT", "pairs summed"),
+        ("computed_at", "TIMESTAMP", "the run's time t"),
+    ),
+    primary_key=("run_id", "item_id"),
+    partition_by=("run_id",),
+    expiry="partials older than the item-mean window are deleted by the mean job",
+)
+
+ITEM_MEAN_EMBEDDINGS = TableSpec(
+    name="item_mean_embeddings",
+    description="Per item, the time-decayed mean of its pair embeddings across users computed in the window before computed_at: the item_mean tier.",
+    columns=(
+        ("item_id", "STRING", "source item id"),
+        ("embedding", "ARRAY<FLOAT>", "decayed mean pair embedding (C floats): each run's pairs weigh 2^(-age / half-life)"),
+        ("pair_count", "BIGINT", "pair embeddings averaged"),
+        ("window_start", "TIMESTAMP", "embeddings computed in [window_start, computed_at] were averaged"),
+        ("computed_at", "TIMESTAMP", "the run's time t"),
+        ("expires_at", "TIMESTAMP", "computed_at + item-mean TTL; never served at or after this time"),
+        ("run_id", "STRING", "run that wrote it"),
+    ),
+    primary_key=("item_id",),
+    expiry="a row is valid for t in [computed_at, expires_at)",
+)
+
 USER_NEIGHBORS = TableSpec(
     name="user_neighbors",
     description="Per user, the top-k most similar users (cosine of FM user vectors) that have a user mean to lend.",
@@ -272,6 +303,7 @@ FEATURE_VERSIONS = TableSpec(
         ("pair_embeddings_version", "BIGINT", "Delta version of pair_embeddings"),
         ("user_mean_embeddings_version", "BIGINT", "Delta version of user_mean_embeddings"),
         ("user_neighbors_version", "BIGINT", "Delta version of user_neighbors"),
+        ("item_mean_embeddings_version", "BIGINT", "Delta version of item_mean_embeddings (NULL: published before it existed)"),
         ("published_at", "TIMESTAMP", "wall-clock time of publication, UTC"),
     ),
     primary_key=("run_id",),
@@ -286,7 +318,7 @@ REQUEST_FEATURES = TableSpec(
         ("user_id", "STRING", "requesting user"),
         ("ts", "TIMESTAMP", "request time, UTC"),
         ("label", "INT", "click label from request_log"),
-        ("tier", "STRING", "exact, user_mean, neighbor or none"),
+        ("tier", "STRING", "exact, item_mean, user_mean, neighbor or none"),
         ("embedding", "ARRAY<FLOAT>", "the embedding served (zeros for tier none)"),
         ("snapshot_run_id", "STRING", "published snapshot that served it; NULL if none was published yet"),
         ("date", "DATE", "partition: UTC date of ts"),
@@ -333,7 +365,8 @@ COVERAGE_SWEEP = TableSpec(
 
 ALL_TABLES: tuple[TableSpec, ...] = (REQUEST_LOG, USER_EVENTS, ITEMS, TRUTH, REQUEST_LOG_QUARANTINE, INGEST_RUNS,
                                      PAIR_EMBEDDINGS, VERIFIER_SCORES, MISS_QUEUE, PRECOMPUTE_RUNS,
-                                     USER_EMBEDDING_SUMS, USER_MEAN_EMBEDDINGS, USER_NEIGHBORS, FEATURE_VERSIONS,
+                                     USER_EMBEDDING_SUMS, USER_MEAN_EMBEDDINGS, ITEM_EMBEDDING_SUMS, ITEM_MEAN_EMBEDDINGS,
+                                     USER_NEIGHBORS, FEATURE_VERSIONS,
                                      REQUEST_FEATURES, COVERAGE_REPORT, COVERAGE_SWEEP)
 BY_NAME = {t.name: t for t in ALL_TABLES}
 

@@ -254,10 +254,13 @@ class RedisConfig:
 
 @dataclass(frozen=True)
 class FallbackConfig:
-    """User means, neighbor tables and their resolution (spark_jobs/user_means.py, user_neighbors.py)."""
+    """User and item means, neighbor tables and their resolution (spark_jobs/user_means.py, user_neighbors.py)."""
 
     user_mean_window_hours: int = 24  # the mean covers pair embeddings computed in [t - window, t]
     user_mean_ttl_hours: float = 6.0
+    item_mean_window_hours: int = 24  # the item tier: pair embeddings of the item computed in [t - window, t]
+    item_mean_half_life_hours: float = 6.0  # ... weighted 2^(-age / half-life): the item as it is now
+    item_mean_ttl_hours: float = 6.0
     representation_window_hours: int = 168  # users active in [t - window, t) get neighbors
     neighbors_k: int = 10
     neighbor_ttl_hours: float = 24.0

@@ -56,6 +56,13 @@ class Vocab:
             "subcategory": uniq(items["subcategory"]) if has_items and "subcategory" in items else [],
         })
 
+    @classmethod
+    def of_rows(cls, requests: pd.DataFrame) -> "Vocab":
+        """A VM's vocabulary: the ids and context of its training rows only. An id seen only in older
+        events (or later) reads the unknown row, which the VM's id dropout trains; a row per such id
+        would never get a gradient."""
+        return cls.fit(requests, requests.iloc[:0][["user_id", "item_id"]])
+
     def size(self, name: str) -> int:
         return len(self.values.get(name, [])) + 2
 

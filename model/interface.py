@@ -41,7 +41,8 @@ FM_CONFIG_FIELDS = ("history_len", "horizon_hours", "embedding_dim")
 VM_CONFIG_FIELDS = ("use_fm_embedding", "fm_dim")
 # Values SOLARIS can give a model's config: vocabulary sizes, the model set's widths, the FM's code size.
 SIZE_FIELDS = ("n_users", "n_items", "n_devices", "n_surfaces", "n_categories", "n_subcategories", "history_len",
-               "horizon_hours", "dim", "layers", "trunk", "embedding_dim", "use_fm_embedding", "fm_dim")
+               "horizon_hours", "dim", "layers", "trunk", "embedding_dim", "use_fm_embedding", "fm_dim",
+               "hour_encoding", "id_dropout")
 
 
 class ModelInterfaceError(TypeError):

@@ -75,6 +75,13 @@ def transfer_ratio(ne_vm: float, ne_variant: float, ne_fm: float) -> float:
 
 
 def summary(labels, probs) -> dict[str, float]:
+    """NE, AUC, calibration and log loss of one model; of (S, n) predictions (one row per training
+    seed), the mean of each over the seeds."""
+    p = np.asarray(probs)
+    if p.ndim == 2:
+        rows = [summary(labels, row) for row in p]
+        return {k: float(np.mean([r[k] for r in rows])) if k != "examples" else rows[0][k] for k in rows[0]} \
+            | {"seeds": len(rows)}
     return {"log_loss": log_loss(labels, probs), "ne": normalized_entropy(labels, probs), "auc": auc(labels, probs),
             "calibration": calibration(labels, probs), "examples": int(np.asarray(labels).size),
             "ctr": float(np.mean(labels))}
@@ -120,6 +127,10 @@ def paired_bootstrap(labels, preds: dict[str, np.ndarray], groups, baseline: str
     (NE_base - NE_x) / (NE_base - NE_ref) and whether the reference beats the baseline: its NE
     delta interval lies wholly below zero. Seeded: the same inputs give the same intervals.
 
+    A model's predictions may be (S, n), one row per training seed: its NE and AUC are then the
+    means over the seeds, and each resample also draws S seeds with replacement (hierarchically:
+    seeds, then requests), so the intervals cover training noise and the test requests together.
+
     Returns model -> {"ne": (lo, hi), "auc": (lo, hi), "ne_delta_pct": point, "ne_delta_pct_ci": (lo, hi),
     "auc_delta": point, "auc_delta_ci": (lo, hi), ["transfer_ratio_ci": (lo, hi)]}, plus
     "_meta": {"resamples", "level", "groups", "reference_beats_baseline"}.
@@ -130,29 +141,43 @@ def paired_bootstrap(labels, preds: dict[str, np.ndarray], groups, baseline: str
         raise ValueError(f"level must be in (0, 1), got {level}")
     if baseline not in preds or (reference is not None and reference not in preds):
         raise ValueError(f"baseline {baseline!r} and reference {reference!r} must be among the models {list(preds)}")
+    # (S, n): a model trained with S seeds has a row of predictions per seed; one model, one row
+    ps = {name: np.atleast_2d(np.asarray(p, dtype=np.float64)) for name, p in preds.items()}
+    n_seeds = max(p.shape[0] for p in ps.values())
+    if any(p.shape[0] not in (1, n_seeds) for p in ps.values()):
+        raise ValueError(f"every model needs 1 or {n_seeds} rows of predictions (one per seed), got "
+                         f"{ {k: p.shape[0] for k, p in ps.items()} }")
     y = None
-    lls, ps = {}, {}
-    for name, p in preds.items():
-        y, p = _check(labels, p)
-        ps[name] = p
-        lls[name] = -(y * np.log(p) + (1 - y) * np.log(1 - p))
+    lls = {}
+    for name, p in ps.items():
+        checked = [_check(labels, row) for row in p]
+        y = checked[0][0]
+        ps[name] = np.stack([c[1] for c in checked])
+        lls[name] = -(y * np.log(ps[name]) + (1 - y) * np.log(1 - ps[name]))
     codes, group_of = np.unique(np.asarray(groups, dtype=object).astype(str), return_inverse=True)
     if len(group_of) != len(y):
         raise ValueError(f"groups and labels differ in length: {len(group_of)} vs {len(y)}")
     rng = np.random.default_rng(seed)
+    seed_rng = np.random.default_rng([seed, 1])  # its own stream: the requests drawn do not depend on S
     ne = {n: [] for n in preds}
     au = {n: [] for n in preds}
     for start in range(0, resamples, chunk):
         r = min(chunk, resamples - start)
         counts = rng.multinomial(len(codes), np.full(len(codes), 1 / len(codes)), size=r)  # (r, G) requests drawn
         w = counts[:, group_of].astype(np.float64)  # (r, n): each row weighs every candidate of its request
+        # Several seeds: each resample also draws S seeds with replacement (the same draw for every
+        # model), so the interval covers training noise as well as the test requests.
+        draws = seed_rng.multinomial(n_seeds, np.full(n_seeds, 1 / n_seeds), size=r) / n_seeds if n_seeds > 1 \
+            else np.ones((r, 1))  # (r, S) weight of each seed in each resample
         for n in preds:
-            ne[n].append(_weighted_ne(y, lls[n], w))
-            au[n].append(_weighted_auc(y, ps[n], w))
+            k = len(ps[n])
+            mix = draws if k == n_seeds else np.ones((r, 1))
+            ne[n].append(sum(mix[:, s] * _weighted_ne(y, lls[n][s], w) for s in range(k)))
+            au[n].append(sum(mix[:, s] * _weighted_auc(y, ps[n][s], w) for s in range(k)))
     ne = {n: np.concatenate(v) for n, v in ne.items()}
     au = {n: np.concatenate(v) for n, v in au.items()}
-    point_ne = {n: normalized_entropy(y, ps[n]) for n in preds}
-    point_auc = {n: auc(y, ps[n]) for n in preds}
+    point_ne = {n: float(np.mean([normalized_entropy(y, row) for row in ps[n]])) for n in preds}
+    point_auc = {n: float(np.mean([auc(y, row) for row in ps[n]])) for n in preds}
     out = {}
     for n in preds:
         delta = 100 * (ne[n] - ne[baseline]) / ne[baseline]
@@ -167,7 +192,7 @@ def paired_bootstrap(labels, preds: dict[str, np.ndarray], groups, baseline: str
         for n in preds:
             with np.errstate(invalid="ignore", divide="ignore"):
                 out[n]["transfer_ratio_ci"] = _interval(np.where(gain != 0, (ne[baseline] - ne[n]) / gain, np.nan), level)
-    out["_meta"] = {"resamples": resamples, "level": level, "groups": int(len(codes)),
+    out["_meta"] = {"resamples": resamples, "level": level, "groups": int(len(codes)), "seeds": n_seeds,
                     "reference_beats_baseline": beats}
     return out
 

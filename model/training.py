@@ -27,7 +27,7 @@ from model.features import Vocab, build_examples, model_inputs, row_inputs, subs
 from model.fm import FoundationModel
 from model.train import (TrainConfig, ae_loss, bce_loss, fit, flops_per_example, infer, kd_loss, n_params,
                          pick_device, sigmoid)
-from model.vm import TIERS, VerticalModel
+from model.vm import TIERS, TRAINED, VerticalModel
 
 REFERENCE = {"kd_transfer": "20-25%", "solaris_transfer": "42-44%", "ne_gain": "0.05-0.10%"}
 
@@ -143,7 +143,8 @@ def train_all(cfg, source: str | None, ec: ModelSetConfig = ModelSetConfig(), lo
         for variant, model_name in (("", "VM"), ("kd", KD), ("solaris", ORACLE)):
             if model_name in rows:
                 key = registry.consumer_name(name, variant)
-                saved[key] = registry.save(root, key, models[(name, model_name)], rows[model_name], cwindow, extras)
+                vocab = {"vocab.json": json.dumps(models[(name, "vocab")].values)}  # the consumer's own ids
+                saved[key] = registry.save(root, key, models[(name, model_name)], rows[model_name], cwindow, vocab)
     return result | {"source": source, "window": window, "models": {k: str(v) for k, v in saved.items()},
                      "seconds": round(time.perf_counter() - t0, 1)}
 
@@ -216,6 +217,18 @@ def train_frames(requests: pd.DataFrame, events: pd.DataFrame, items: pd.DataFra
     return result, models, {"vocab.json": json.dumps(vocab.values)}
 
 
+def vm_sizes(vocab: Vocab) -> dict[str, int]:
+    """A VM's vocabulary sizes, as its config names them."""
+    return dict(n_users=vocab.size("user"), n_items=vocab.size("item"), n_devices=vocab.size("device"),
+                n_surfaces=vocab.size("surface"))
+
+
+def vm_ids(vocab: Vocab, rows: pd.DataFrame) -> dict[str, np.ndarray]:
+    """The ids and context codes a VM reads, through its own vocabulary."""
+    return {"user": vocab.encode("user", rows["user_id"]), "item": vocab.encode("item", rows["item_id"]),
+            "device": vocab.encode("device", rows["device"]), "surface": vocab.encode("surface", rows["surface"])}
+
+
 def consumer_rows(split: pd.DataFrame, c) -> np.ndarray:
     """Positions of the rows of ``split`` that consumer ``c`` (a ``Consumer`` or its config: name,
     task, surface) reads: its surface's, with its task's label known."""
@@ -240,7 +253,11 @@ def train_consumer(c: Consumer, splits, rows, x, codes, fm_p, sizes, ec: ModelSe
     mine = {k: splits[k].iloc[r].assign(label=splits[k][label_column(c.task)].to_numpy(dtype=np.float32)[r])
             for k, r in rows.items()}  # the consumer's rows of each split, labelled with its task
     labels = {k: v["label"].to_numpy() for k, v in mine.items()}
-    vx = {k: {**row_inputs(subset(x[k], r)), "label": labels[k]} for k, r in rows.items()}
+    # The VM's ids are those of its own training rows: every row it has is trained (model.vm)
+    vocab = Vocab.of_rows(mine["train"])
+    sizes = sizes | vm_sizes(vocab)
+    vx = {k: {**row_inputs(subset(x[k], r)), **vm_ids(vocab, mine[k]), "label": labels[k]} for k, r in rows.items()}
+    models[(c.name, "vocab")] = vocab
     same_task = c.task == "click"  # the FM learned clicks: its probability is a teacher for clicks only
     variants = [("VM", False, bce_loss, lambda k: vm_inputs(vx[k], None)),
                 *([(KD, False, kd_loss(ec.kd_alpha), lambda k: vm_inputs(vx[k], None, fm_p[k][rows[k]]))] if same_task else []),
@@ -249,7 +266,8 @@ def train_consumer(c: Consumer, splits, rows, x, codes, fm_p, sizes, ec: ModelSe
     for name, use_fm, loss, inputs in variants:
         log(f"  training {c.name}: {name}")
         torch.manual_seed(vm_train.seed)
-        vm = interface.build(c.vm_class, {**sizes, "use_fm_embedding": use_fm, "fm_dim": ec.code_dim}, c.params)
+        vm = interface.build(c.vm_class, {**sizes, **TRAINED, "use_fm_embedding": use_fm, "fm_dim": ec.code_dim},
+                             c.params)
         fit(vm, loss, inputs("train"), inputs("val"), vm_train, log)
         xt = inputs("test")
         preds[name] = sigmoid(infer(vm, vm, xt, device=device))

@@ -4,16 +4,24 @@
 plus an additive bias per slot (position). The FM input is zeros with tier ``none`` where no
 embedding was served, so the same model reads exact, fallback and missing embeddings alike. The
 VM reads no history, no item attributes and no counters: those reach it only through the FM.
+
+No row a test reads is untrained. A VM trained by SOLARIS reads the hour of day as a point on a
+circle (``hour_encoding = "cyclic"``), so an hour absent from its training window is read between
+its neighbours, not from a randomly initialised row; and it replaces a share ``id_dropout`` of the
+user and item ids of each training batch with the unknown id, so the row every id outside its
+vocabulary reads (new users, new items) is trained. The defaults rebuild checkpoints written before
+either existed.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from model.features import MAX_POSITION
+from model.features import MAX_POSITION, OOV
 from model.tiers import NONE as TIER_NONE  # noqa: F401  (the tier of a pair served nothing)
 from model.tiers import TIERS
 
@@ -31,6 +39,12 @@ class VMConfig:
     use_fm_embedding: bool = False
     fm_dim: int = 32  # C: the autoencoder's code size
     features: tuple[str, ...] = FEATURES  # which of FEATURES it reads (a consumer's ``features``)
+    hour_encoding: str = "embedding"  # "cyclic": (sin, cos) of the hour -> linear; "embedding": a row per hour
+    id_dropout: float = 0.0  # training only: share of user and item ids read as the unknown id
+
+
+HOUR_ENCODINGS = ("embedding", "cyclic")
+TRAINED = {"hour_encoding": "cyclic", "id_dropout": 0.05}  # what SOLARIS trains with (model.training)
 
 
 class VerticalModel(nn.Module):
@@ -45,18 +59,32 @@ class VerticalModel(nn.Module):
         unknown = sorted(set(self.features) - set(FEATURES))
         if unknown or not self.features:
             raise ValueError(f"VM features must be a non-empty subset of {', '.join(FEATURES)}; got {list(cfg.features)}")
+        if cfg.hour_encoding not in HOUR_ENCODINGS:
+            raise ValueError(f"VM hour_encoding must be one of {', '.join(HOUR_ENCODINGS)}; got {cfg.hour_encoding!r}")
+        if not 0.0 <= cfg.id_dropout < 1.0:
+            raise ValueError(f"VM id_dropout must be in [0, 1); got {cfg.id_dropout}")
         sizes = {"user": (cfg.n_users, cfg.dim), "item": (cfg.n_items, cfg.dim), "hour": (24, 4),
                  "device": (cfg.n_devices, 4), "surface": (cfg.n_surfaces, 4)}
         for name in self.features:  # attribute names as before: checkpoints of every feature load unchanged
-            setattr(self, name, nn.Embedding(*sizes[name]))
+            cyclic = name == "hour" and cfg.hour_encoding == "cyclic"
+            setattr(self, name, nn.Linear(2, sizes[name][1]) if cyclic else nn.Embedding(*sizes[name]))
         width = sum(sizes[name][1] for name in self.features)
         extra = cfg.fm_dim + len(TIERS) if cfg.use_fm_embedding else 0
         self.mlp = nn.Sequential(nn.Linear(width + extra, cfg.hidden), nn.ReLU(),
                                  nn.Linear(cfg.hidden, cfg.hidden // 2), nn.ReLU(), nn.Linear(cfg.hidden // 2, 1))
         self.position_bias = nn.Embedding(MAX_POSITION + 1, 1, padding_idx=0)  # 0: slot unknown, no bias
 
+    def _read(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        if name == "hour" and self.cfg.hour_encoding == "cyclic":
+            angle = x.float() * (2 * math.pi / 24)
+            return self.hour(torch.stack([torch.sin(angle), torch.cos(angle)], dim=1))  # (B, 4)
+        if name in ("user", "item") and self.training and self.cfg.id_dropout > 0:
+            drop = (x > OOV) & (torch.rand(x.shape, device=x.device) < self.cfg.id_dropout)
+            x = torch.where(drop, torch.full_like(x, OOV), x)  # trains the unknown id's row
+        return getattr(self, name)(x)
+
     def forward(self, b: dict[str, torch.Tensor]) -> torch.Tensor:
-        parts = [getattr(self, name)(b[name]) for name in self.features]
+        parts = [self._read(name, b[name]) for name in self.features]
         if self.cfg.use_fm_embedding:
             fm = b["fm"]  # (B, C); zeros where tier is none
             if fm.shape[1] != self.cfg.fm_dim:

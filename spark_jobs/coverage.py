@@ -14,7 +14,7 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from feature_store import lake
-from feature_store.resolution import TIERS
+from feature_store.resolution import ORDER, TIERS
 from feature_store.tables import (COVERAGE_REPORT, REQUEST_FEATURES, conform, ensure_tables, in_time_range,
                                   qualified_name)
 
@@ -31,7 +31,7 @@ def coverage(features: DataFrame) -> DataFrame:
               .unionByName(tagged.groupBy("tier").count().withColumn("activity", F.lit("all"))))
     spark = features.sparkSession
     grid = (spark.createDataFrame([(b,) for b in ("all", *BUCKETS)], "activity string")
-            .crossJoin(spark.createDataFrame([(t,) for t in TIERS], "tier string")))
+            .crossJoin(spark.createDataFrame([(t,) for t in ORDER], "tier string")))
     present = counts.select("activity").distinct()
     return (grid.join(present, "activity").join(counts, ["activity", "tier"], "left")
             .select("activity", "tier", F.coalesce("count", F.lit(0)).alias("pairs"))
@@ -52,7 +52,7 @@ def run(spark, cfg, start: datetime, end: datetime) -> list[tuple]:
     out = spark.table(qualified_name(COVERAGE_REPORT, db)).where(F.col("report_id") == report_id).collect()
     order = {b: i for i, b in enumerate(("all", *BUCKETS))}
     return sorted(((r.activity, r.tier, r.pairs, r.share) for r in out),
-                  key=lambda r: (order[r[0]], TIERS.index(r[1])))
+                  key=lambda r: (order[r[0]], ORDER.index(r[1])))
 
 
 def table(rows: list[tuple]) -> str:
@@ -60,12 +60,12 @@ def table(rows: list[tuple]) -> str:
     by = {}
     for activity, tier, pairs, share in rows:
         by.setdefault(activity, {})[tier] = (pairs, share)
-    lines = ["| activity | pairs | " + " | ".join(TIERS) + " | exact+user_mean | all but none |",
-             "|---|---:|" + "---:|" * (len(TIERS) + 2)]
+    lines = ["| activity | pairs | " + " | ".join(ORDER) + " | exact+user_mean | all but none |",
+             "|---|---:|" + "---:|" * (len(ORDER) + 2)]
     for activity, tiers in by.items():
         n = sum(p for p, _ in tiers.values())
-        s = {t: tiers.get(t, (0, 0.0))[1] or 0.0 for t in TIERS}
-        lines.append(f"| {activity} | {n:,} | " + " | ".join(f"{100 * s[t]:.1f}%" for t in TIERS)
+        s = {t: tiers.get(t, (0, 0.0))[1] or 0.0 for t in ORDER}
+        lines.append(f"| {activity} | {n:,} | " + " | ".join(f"{100 * s[t]:.1f}%" for t in ORDER)
                      + f" | {100 * (s['exact'] + s['user_mean']):.1f}% | {100 * (1 - s['none']):.1f}% |")
     return "\n".join(lines)
 

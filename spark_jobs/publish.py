@@ -14,12 +14,12 @@ from datetime import datetime
 
 from pyspark.sql import functions as F
 
-from feature_store.tables import (FEATURE_VERSIONS, PAIR_EMBEDDINGS, USER_MEAN_EMBEDDINGS, USER_NEIGHBORS, conform,
-                                  ensure_tables, qualified_name)
+from feature_store.tables import (FEATURE_VERSIONS, ITEM_MEAN_EMBEDDINGS, PAIR_EMBEDDINGS, USER_MEAN_EMBEDDINGS,
+                                  USER_NEIGHBORS, conform, ensure_tables, qualified_name)
 from feature_store import lake
 from include.cli import print_counters, run_at_time
 
-SERVING_TABLES = (PAIR_EMBEDDINGS, USER_MEAN_EMBEDDINGS, USER_NEIGHBORS)
+SERVING_TABLES = (PAIR_EMBEDDINGS, USER_MEAN_EMBEDDINGS, USER_NEIGHBORS, ITEM_MEAN_EMBEDDINGS)
 
 
 def run(spark, cfg, t: datetime) -> dict:
@@ -34,7 +34,7 @@ def run(spark, cfg, t: datetime) -> dict:
 
 
 def published(spark, cfg) -> list[dict]:
-    """Every publication, oldest first: run_id, interval_end and the three versions."""
+    """Every publication, oldest first: run_id, interval_end and the serving tables' versions."""
     ensure_tables(spark, cfg, (FEATURE_VERSIONS,))
     rows = spark.table(qualified_name(FEATURE_VERSIONS, cfg.lake.database)).orderBy("interval_end").collect()
     return [{k: v for k, v in r.asDict().items() if k != "published_at"} for r in rows]

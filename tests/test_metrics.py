@@ -81,7 +81,7 @@ def test_bootstrap_intervals_contain_their_point_estimates_and_repeat_given_the_
         lo, hi = out[name]["ne_delta_pct_ci"]
         assert lo <= out[name]["ne_delta_pct"] <= hi
     assert out["VM"]["ne_delta_pct_ci"] == (0.0, 0.0) and out["VM"]["auc_delta_ci"] == (0.0, 0.0)  # paired
-    assert out["_meta"] == {"resamples": 300, "level": 0.95, "groups": 1000, "reference_beats_baseline": True}
+    assert out["_meta"] == {"resamples": 300, "level": 0.95, "groups": 1000, "seeds": 1, "reference_beats_baseline": True}
     ratio = metrics.transfer_ratio(*(metrics.normalized_entropy(y, preds[n]) for n in ("VM", "half", "FM")))
     lo, hi = out["half"]["transfer_ratio_ci"]
     assert 0 < lo <= ratio <= hi < 1 and out["FM"]["transfer_ratio_ci"] == (1.0, 1.0)
@@ -133,3 +133,23 @@ def test_auc_from_a_histogram_equals_auc_on_its_rows():
     # one positive at 1 against negatives at 1 (a tie: half) and 2 (below it): (0.5 + 0) / 2
     assert metrics.auc_from_histogram([1, 1, 2], [1, 0, 0], [0, 1, 1]) == pytest.approx(0.25)  # equal values merged
     assert math.isnan(metrics.auc_from_histogram([1, 2], [0, 0], [3, 4]))
+
+
+def test_bootstrap_over_seeds_is_centred_on_the_mean_over_seeds():
+    y, preds, groups = _three_models()
+    rng = np.random.default_rng(5)
+    # three "seeds" of the SOLARIS model: the same model with its own noise each
+    seeded = np.clip(preds["half"][None, :] + rng.normal(0, 0.04, (3, len(y))), 0.01, 0.99)
+    one = metrics.paired_bootstrap(y, {**preds, "SOLARIS": seeded[0]}, groups, "VM", "FM", resamples=300, seed=3)
+    three = metrics.paired_bootstrap(y, {**preds, "SOLARIS": seeded}, groups, "VM", "FM", resamples=300, seed=3)
+    assert three["_meta"]["seeds"] == 3 and one["_meta"]["seeds"] == 1
+    mean_ne = np.mean([metrics.normalized_entropy(y, row) for row in seeded])
+    assert three["SOLARIS"]["ne_delta_pct"] == pytest.approx(
+        100 * (mean_ne - metrics.normalized_entropy(y, preds["VM"])) / metrics.normalized_entropy(y, preds["VM"]))
+    lo, hi = three["SOLARIS"]["ne"]
+    assert lo <= mean_ne <= hi
+    # a model of one seed (the FM) is the same in both; a summary of seeds is their mean
+    assert three["FM"]["ne"] == one["FM"]["ne"]
+    assert metrics.summary(y, seeded)["ne"] == pytest.approx(mean_ne) and metrics.summary(y, seeded)["seeds"] == 3
+    with pytest.raises(ValueError, match="one per seed"):
+        metrics.paired_bootstrap(y, {"VM": seeded[:2], "SOLARIS": seeded}, groups, "VM")

@@ -162,3 +162,53 @@ def test_weights_that_are_not_a_state_dict_are_a_checkpoint_mismatch(tmp_path):
     (path / "weights.pt").unlink()
     with pytest.raises(registry.CheckpointMismatch, match="unreadable weights.pt"):
         registry.load(path, EmbeddingAutoencoder, AEConfig)
+
+
+def _fit_tiny_vm(**cfg):
+    """A VM trained a few steps on rows whose hours are 0..11 and whose ids never include the unknown id
+    (no weight decay: a row moves only when the data reach it)."""
+    from model.train import TrainConfig, bce_loss, fit
+
+    rng = np.random.default_rng(1)
+    n = 4000
+    rows = {"user": rng.integers(2, 50, n), "item": rng.integers(2, 80, n), "hour": rng.integers(0, 12, n),
+            "device": rng.integers(2, 4, n), "surface": rng.integers(2, 4, n), "position": np.zeros(n, np.int64)}
+    rows["label"] = (rng.random(n) < 0.2 + 0.3 * (rows["hour"] < 6)).astype(np.float32)
+    torch.manual_seed(0)
+    vm = VerticalModel(VMConfig(**SIZES, **cfg))
+    start = {k: v.detach().clone() for k, v in vm.state_dict().items()}
+    fit(vm, bce_loss, rows, rows, TrainConfig(epochs=2, batch_size=256, warmup_steps=1, weight_decay=0.0, device="cpu"), lambda *_: None)
+    return vm, start
+
+
+def test_a_trained_vm_has_no_untrained_row_for_a_new_id_or_an_unseen_hour():
+    from model.features import OOV
+    from model.vm import TRAINED
+
+    # before: an hour row per hour and no id dropout leave hours 12..23 and the unknown id's rows at
+    # their random initialisation, and a test row that reads them gets noise
+    old, start = _fit_tiny_vm()
+    assert torch.equal(old.hour.weight[12:], start["hour.weight"][12:])
+    assert torch.equal(old.item.weight[OOV], start["item.weight"][OOV])
+    assert torch.equal(old.user.weight[OOV], start["user.weight"][OOV])
+    # SOLARIS's VMs: the hour is a point on a circle read by trained weights, and the unknown id's rows learn
+    vm, start = _fit_tiny_vm(**TRAINED)
+    assert not hasattr(vm.hour, "num_embeddings") and all(
+        not torch.equal(p, start[f"hour.{k}"]) for k, p in vm.hour.named_parameters())
+    assert not torch.equal(vm.item.weight[OOV], start["item.weight"][OOV])
+    assert not torch.equal(vm.user.weight[OOV], start["user.weight"][OOV])
+    # an unseen hour reads between its trained neighbours: 18h is 6h from both 12h and 0h
+    vm.eval()
+    with torch.inference_mode():
+        h = vm._read("hour", torch.tensor([0, 12, 18, 6]))
+    assert torch.allclose(h[2], h[0] + h[1] - h[3], atol=1e-5)  # linear in (sin, cos): h(18) + h(6) = h(0) + h(12)
+    # id dropout is training only: inference reads the ids as given
+    ids = torch.tensor([5, 6, 7])
+    assert torch.equal(vm._read("item", ids), vm.item(ids))
+
+
+def test_vm_config_values_are_checked():
+    with pytest.raises(ValueError, match="hour_encoding"):
+        VerticalModel(VMConfig(**SIZES, hour_encoding="weekly"))
+    with pytest.raises(ValueError, match="id_dropout"):
+        VerticalModel(VMConfig(**SIZES, id_dropout=1.0))

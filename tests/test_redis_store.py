@@ -229,3 +229,41 @@ def test_redis_down_during_publish_fails_the_task_and_keeps_the_served_namespace
         publish_redis(newer, DiesMidway.from_url(redis_url), prefix="t", batch=5)
     assert r.get("t:current") == before  # the half-written namespace is not served
     assert RedisStore(redis_url, prefix="t").lookup("u3", ["i21"], NOW)[2] == "2026-01-05T12:00:00"
+
+
+def test_the_item_tier_on_redis_equals_the_embedded_snapshot(tmp_path, redis_url):
+    import pyarrow as pa
+    import redis
+    from deltalake import write_deltalake
+
+    from feature_store.redis_store import RedisStore
+    from feature_store.redis_store import publish as publish_redis
+    from model.tiers import ITEM_MEAN, NEIGHBOR
+    from tests.test_serve import TS, mean_table
+
+    root = tmp_path / "tables"
+    write_version(root, seed=5)
+    # item means for i30..i39 and one never shown to anybody; i35's expired an hour before NOW
+    items = [f"i{k}" for k in range(30, 40)] + ["fresh"]
+    table = mean_table(items, seed=9).rename_columns(["item_id", *mean_table(["x"], 1).column_names[1:]])
+    expires = [T + timedelta(hours=6)] * len(items)
+    expires[5] = NOW - timedelta(hours=1)
+    write_deltalake(str(root / "item_mean_embeddings"), table.set_column(5, "expires_at", pa.array(expires, TS)))
+    publish(root, "2026-01-05T12:00:00")
+    pub = latest_publication(root)
+    assert "item_mean_embeddings_version" in pub.versions
+    snap = Snapshot.load(root, pub.versions, run_id=pub.run_id)
+    counts = publish_redis(snap, redis.Redis.from_url(redis_url), prefix="items")
+    assert counts["item_means"] == len(items) == snap.stats["item_means"]
+    store = RedisStore(redis_url, prefix="items")
+    seen = set()
+    for user in USERS:
+        emb, tiers, _ = store.lookup(user, ITEMS + ["fresh"], NOW)
+        want_emb, want_tiers = snap.lookup(user, ITEMS + ["fresh"], NOW)
+        np.testing.assert_array_equal(tiers, want_tiers)
+        np.testing.assert_allclose(emb, want_emb, rtol=1e-6, atol=1e-7)
+        seen |= set(tiers.tolist())
+    _, tiers = snap.lookup("nobody", ["fresh", "i35", "i36"], NOW)
+    assert tiers.tolist() == [ITEM_MEAN, 3, ITEM_MEAN]  # a stranger gets the item's mean, never an expired one
+    assert {ITEM_MEAN, NEIGHBOR} <= seen
+    store.stop()

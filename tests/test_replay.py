@@ -31,7 +31,7 @@ pytestmark = pytest.mark.spark
 # the synthetic log runs 2026-01-05 00:00 .. 12:00; models train before 05:00
 WINDOW = replay.ReplayWindow(datetime(2026, 1, 5, 6), datetime(2026, 1, 5, 9), datetime(2026, 1, 5, 7),
                              datetime(2026, 1, 5, 8))
-EVAL = replay_eval.ReplayEvalConfig(vm_train=TrainConfig(epochs=2, batch_size=256))
+EVAL = replay_eval.ReplayEvalConfig(vm_train=TrainConfig(epochs=2, batch_size=256), seeds=(7, 8))
 MAIN, SHORT = "budget0.3_ttl6h", "budget0.3_ttl0.5h"  # 0.5 h: embeddings expire inside the hour they serve
 
 
@@ -114,15 +114,15 @@ def _at_version(pcfg, table, version):
 
 
 @pytest.mark.parametrize("name", [MAIN, SHORT])
-def test_exact_and_user_mean_embeddings_were_computed_before_and_valid_at_serving(replayed, name):
-    """Every exact / user-mean embedding served is the row of its snapshot (read here by Delta
+def test_exact_and_mean_embeddings_were_computed_before_and_valid_at_serving(replayed, name):
+    """Every exact / item-mean / user-mean embedding served is the row of its snapshot (read here by Delta
     version) with computed_at <= ts < expires_at; with a 0.5 h TTL some requested pairs were in
     the snapshot but expired, and they were not served as exact."""
     cfg, _, _ = replayed
     pcfg = point_cfg(cfg, name)
     rows = served(pcfg)
     pubs = DeltaTable(str(pcfg.lake.table_path("feature_versions"))).to_pandas()
-    checked = {"exact": 0, "user_mean": 0, "expired_not_served": 0}
+    checked = {"exact": 0, "user_mean": 0, "item_mean": 0, "expired_not_served": 0}
     for _, pub in pubs.iterrows():
         mine = rows[rows["snapshot_run_id"] == pub["run_id"]]
         pairs = _at_version(pcfg, "pair_embeddings", pub["pair_embeddings_version"])
@@ -142,9 +142,56 @@ def test_exact_and_user_mean_embeddings_were_computed_before_and_valid_at_servin
         for a, b in zip(um["embedding"], um["embedding_stored"]):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
         checked["user_mean"] += len(um)
-    assert checked["exact"] > 0 and checked["user_mean"] > 0
+        version = pub.get("item_mean_embeddings_version")
+        items = _at_version(pcfg, "item_mean_embeddings", version) if pd.notna(version) else None
+        im = mine[mine["tier"] == "item_mean"]
+        if len(im):
+            im = im.merge(items, on="item_id", how="left", suffixes=("", "_stored"))
+            assert ((im["computed_at"] <= im["ts"]) & (im["ts"] < im["expires_at"])).all()
+            for a, b in zip(im["embedding"], im["embedding_stored"]):
+                np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
+        checked["item_mean"] += len(im)
+    assert checked["exact"] > 0 and checked["item_mean"] > 0
     if name == SHORT:
         assert checked["expired_not_served"] > 0, "the 0.5 h TTL should leave expired pairs in some snapshot"
+
+
+def test_an_exact_code_served_right_after_its_run_is_the_fm_as_of_that_run(replayed):
+    """A pair precomputed at a run t and requested in [t, t + 1 h) is served the code that the FM and
+    autoencoder give for that pair recomputed here as of t, with the context precompute guessed
+    (the user's latest device and surface, logged in verifier_scores), to float tolerance."""
+    from model.features import build_examples
+    from model.train import infer
+
+    cfg, result, _ = replayed
+    pcfg = point_cfg(cfg, MAIN)
+    models = result["initial_models"]["models"]
+    fm = registry.load(Path(models["fm"]), FoundationModel, FMConfig)
+    ae = registry.load(Path(models["autoencoder"]), EmbeddingAutoencoder, AEConfig)
+    vocab = Vocab.load(Path(models["fm"]) / "vocab.json")
+    rows = served(pcfg)
+    pubs = DeltaTable(str(pcfg.lake.table_path("feature_versions"))).to_pandas()
+    scores = DeltaTable(str(pcfg.lake.table_path("verifier_scores"))).to_pandas()
+    events, items = mdata.events_and_items(cfg, "synthetic")
+    compared = 0
+    for _, pub in pubs.iterrows():
+        t = naive(pub["interval_end"])
+        pairs = _at_version(pcfg, "pair_embeddings", pub["pair_embeddings_version"])
+        mine = rows[(rows["snapshot_run_id"] == pub["run_id"]) & (rows["tier"] == "exact")
+                    & (rows["ts"] < t + pd.Timedelta(hours=1))]
+        mine = mine.merge(pairs[pairs["computed_at"] == t][["user_id", "item_id"]], on=["user_id", "item_id"])
+        mine = mine.drop_duplicates(["user_id", "item_id"]).merge(
+            scores[scores["run_id"] == pub["run_id"]][["user_id", "item_id", "device", "surface"]],
+            on=["user_id", "item_id"], validate="one_to_one")
+        if mine.empty:
+            continue
+        req = mine[["user_id", "item_id", "device", "surface"]].assign(ts=t, label=0, position=None)
+        x = build_examples(req, events, vocab, fm.cfg.history_len, items, fm.cfg.horizon_hours, group_by="user_id")
+        ae.eval()
+        codes = infer(lambda b: ae.encode(fm.embed(b)), fm, x)
+        np.testing.assert_allclose(np.stack(mine["embedding"].map(np.asarray)), codes, atol=1e-4, rtol=1e-4)
+        compared += len(mine)
+    assert compared > 0
 
 
 def test_misses_are_queued_and_taken_in_by_later_cycles(replayed):

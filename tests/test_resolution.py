@@ -99,3 +99,36 @@ def test_weights_clip_negative_similarity_and_fall_back_to_uniform():
 def test_epoch_numbers_are_refused_as_times(snap):
     with pytest.raises(TypeError, match="expected times"):
         snap.lookup("a", ["i1"], 1767614400000000)
+
+
+def item_means(rows):
+    return pa.table({"item_id": [r[0] for r in rows],
+                     "embedding": pa.array([r[1] for r in rows], type=pa.list_(pa.float32())),
+                     "computed_at": pa.array([r[2] for r in rows], type=TS),
+                     "expires_at": pa.array([r[3] for r in rows], type=TS)})
+
+
+def test_item_mean_comes_after_exact_and_before_the_user_mean_and_expires():
+    s = Snapshot.from_arrow(
+        pairs([("a", "i1", [1, 0], *LIVE)]), means([("a", [0.5, 0.5], *LIVE)]), neighbors([("d", 1, "a", 0.9)]),
+        item_means=item_means([("i1", [7, 7], *LIVE), ("i2", [2, 3], *LIVE),
+                               ("gone", [4, 4], T - timedelta(hours=7), T - timedelta(hours=1)),
+                               ("bad", [float("nan"), 1], *LIVE)]))
+    now = T + timedelta(hours=1)
+    emb, tier = s.lookup("a", ["i1", "i2", "gone", "bad", "new"], now)
+    assert [TIERS[t] for t in tier] == ["exact", "item_mean", "user_mean", "user_mean", "user_mean"]
+    np.testing.assert_array_equal(emb[:3], [[1, 0], [2, 3], [0.5, 0.5]])
+    # a user with no row of any kind still gets the item's mean; nobody gets an expired or invalid one
+    emb, tier = s.lookup("stranger", ["i2", "gone", "bad"], now)
+    assert [TIERS[t] for t in tier] == ["item_mean", "none", "none"]
+    assert s.stats["item_means"] == 3 and s.stats["excluded_invalid"] == 1
+    # resolve (batch, one time per row) and lookup (online) agree
+    emb_b, tier_b = s.resolve(["stranger"] * 3, ["i2", "gone", "bad"], [now] * 3)
+    np.testing.assert_array_equal(emb_b, emb) and np.testing.assert_array_equal(tier_b, tier)
+
+
+def test_tier_codes_are_stable_and_every_tier_is_tried():
+    from model.tiers import ORDER
+
+    assert TIERS[:4] == ("exact", "user_mean", "neighbor", "none")  # the codes clients already decode
+    assert sorted(ORDER) == sorted(TIERS) and ORDER[0] == "exact" and ORDER[-1] == "none"

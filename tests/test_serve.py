@@ -54,7 +54,8 @@ def neighbor_table(rows, t=T):
 
 def publish(root, run_id, t=T):
     versions = {f"{n}_version": DeltaTable(str(root / n)).version()
-                for n in ("pair_embeddings", "user_mean_embeddings", "user_neighbors")}
+                for n in ("pair_embeddings", "user_mean_embeddings", "user_neighbors", "item_mean_embeddings")
+                if (root / n).exists()}
     write_deltalake(str(root / "feature_versions"), pa.table({
         "run_id": [run_id], "interval_end": pa.array([t], TS),
         **{k: pa.array([v], pa.int64()) for k, v in versions.items()},
