@@ -9,7 +9,7 @@ t = `data_interval_end`:
    timestamps (snapshots published before t) -> `request_features`;
 3. **precompute**: speculate, score with the verifier VM, select the budget, embed with the FM,
    MERGE into `pair_embeddings` with expiry, take in `miss_queue`, expire (and vacuum on its cadence);
-4. **user_means** -> `user_mean_embeddings`; 5. **user_neighbors** (FAISS) -> `user_neighbors`;
+4. **user_means** (the fallback means) -> `user_mean_embeddings`, `item_mean_embeddings`; 5. **user_neighbors** (FAISS) -> `user_neighbors`;
 6. **validate_features**: embedding size, no NaN, expiry after computation, coverage floor;
 7. **publish**: the serving tables' versions -> `feature_versions` (the online lookup reloads);
 8. **publish_redis**: the snapshot to Redis when `SOLARIS_REDIS_URL` is set.

@@ -142,6 +142,7 @@ def feature_table_checks(spark, cfg, t, dim: int) -> dict[str, tuple[DataFrame, 
     return {
         "pair_embeddings": (embedding_rows("pair_embeddings"), embedding_checks()),
         "user_mean_embeddings": (embedding_rows("user_mean_embeddings"), embedding_checks()),
+        "item_mean_embeddings": (embedding_rows("item_mean_embeddings"), embedding_checks()),
         "user_neighbors": (neighbors, [gxe.ExpectColumnValuesToBeBetween(column="rank", min_value=1),
                                        gxe.ExpectColumnValuesToBeBetween(column="similarity", min_value=-1.001,
                                                                          max_value=1.001),
