@@ -11,12 +11,14 @@
    hour's requests as of their timestamps, precompute, user means, neighbors, publish) for every
    hour of the replay, misses queued to ``miss_queue`` as the lookup does, once per precompute
    setting (budget, TTL), each in its own lake under ``<lake>/replay/<setting>/``;
-3. trains the VM variants on the replay's logged ``request_features`` before ``test_from`` and
-   evaluates them on the hours from it (experiments/replay_eval.py);
+3. trains the VM variants on the replay's logged ``request_features`` before ``test_from``, once per
+   seed (``--seeds``), and evaluates them on the hours from it (experiments/replay_eval.py);
 4. writes the report (Markdown, JSON and PNG plots) to ``<reports>/replay_<source>/``.
 
-Each data set has a default window (``WINDOWS``); ``--start/--end/--measure-from/--test-from``
-override it. Deterministic given ``--seed`` up to torch's multithreaded CPU kernels.
+Each data set has two windows (``WINDOWS``): ``--window long`` (the default; 36 hours or more of
+served rows for the VM variants) and ``--window quick`` (a few hours);
+``--start/--end/--measure-from/--test-from`` override either. Deterministic given ``--seed`` up to
+torch's multithreaded CPU kernels.
 """
 
 from __future__ import annotations
