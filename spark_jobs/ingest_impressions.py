@@ -51,6 +51,15 @@ class ImpressionLogSpec:
         check_spec(self.mapping, self.ts_unit, REQUIRED, OPTIONAL)
 
 
+def binary(text):
+    """A 0/1 label column from its text: ``0``, ``1`` and their float forms (``1.0``, ``0.00``, as a
+    float column reads) are 0 and 1; empty is NULL (unknown); anything else (``2``, ``true``,
+    ``NaN``, ``inf``) is -1, which the reasons below quarantine with its raw value. Never a silent NULL."""
+    number = F.nullif(text, F.lit("")).try_cast("double")
+    return (F.when(text.isNull() | (text == ""), F.lit(None).cast("int"))
+            .when(number == 0.0, F.lit(0)).when(number == 1.0, F.lit(1)).otherwise(F.lit(-1)))
+
+
 def parse_impressions(raw: DataFrame, spec: ImpressionLogSpec, quality) -> DataFrame:
     """Raw string columns -> request_id, user_id, item_id, ts, position, label, conversion,
     context, raw, reason (null when the row is good); pure, the first reason that applies wins."""
@@ -58,7 +67,8 @@ def parse_impressions(raw: DataFrame, spec: ImpressionLogSpec, quality) -> DataF
     src = lambda c: F.trim(F.col(f"`{m[c]}`")) if c in m else F.lit(None).cast("string")  # noqa: E731
     blank = lambda c: src(c).isNull() | (src(c) == "")  # noqa: E731
     ts = parse_timestamp(src("ts"), spec.ts_unit)
-    label, conversion, position = (F.nullif(src(c), F.lit("")).try_cast("int") for c in ("label", "conversion", "position"))
+    label, conversion = (binary(src(c)) for c in ("label", "conversion"))
+    position = F.nullif(src("position"), F.lit("")).try_cast("int")
     columns = [c for c in raw.columns if c != CORRUPT]
     raw_text = F.to_json(F.struct(*[F.col(f"`{c}`") for c in columns]))
     if CORRUPT in raw.columns:

@@ -92,3 +92,23 @@ def test_missing_columns_and_bad_items_are_clear(spark, make_cfg, tmp_path):
     report = ii.ingest(spark, cfg, str(log), ii.spec_from_args(ii.parse_args(["--input", str(log)])), items_path=str(items))
     assert report.item_rows == 1 and dict(report.reasons) == {"missing item_id": 1, "repeated item_id in item file": 1}
     assert [(r.item_id, r.category) for r in table(spark, cfg, "items").collect()] == [("i1", "news")]
+
+
+def test_float_labels_are_read_and_other_label_values_are_quarantined_not_nulled(spark, make_cfg, tmp_path):
+    """A label column written as floats (1.0 / 0.0) is the same log; NaN, true, inf or 2 are not a
+    label and go to the quarantine with their value, never to a NULL label that drops the click."""
+    cfg = make_cfg("imp_float_labels")
+    good = [f"f{n // 2},u{n // 2},i{n % 2},{H0 + (n // 2) * 60_000},{n % 2},{float(n % 2 == 0)},,1,0,3,1" for n in range(8)]
+    odd = {"NaN": "g1,u1,i1,1767571200000,0,NaN,,1,0,3,1", "true": "g2,u1,i1,1767571200000,0,true,,1,0,3,1",
+           "inf": "g3,u1,i1,1767571200000,0,inf,,1,0,3,1", "1.5": "g4,u1,i1,1767571200000,0,1.5,,1,0,3,1",
+           "conv": "g5,u1,i1,1767571200000,0,1.0,NaN,1,0,3,1"}
+    path = tmp_path / "floats.csv"
+    path.write_text("\n".join([HEADER, *good, *odd.values()]) + "\n")
+    report = ii.ingest(spark, cfg, str(path), ii.spec_from_args(ii.parse_args(["--input", str(path)])))
+    assert (report.request_rows, report.quarantined) == (8, 5), report.reasons
+    rl = table(spark, cfg, "request_log")
+    assert rl.where("label IS NULL").count() == 0 and rl.where("label = 1").count() == 4
+    assert table(spark, cfg, "user_events").where("event_type = 'click'").count() == 4
+    q = {(r["reason"], r["value"]) for r in table(spark, cfg, "request_log_quarantine").collect()}
+    assert q == {*(("label not 0, 1 or empty", v) for v in ("NaN", "true", "inf", "1.5")),
+                 ("conversion not 0, 1 or empty", "NaN")}, q
