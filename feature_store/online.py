@@ -62,7 +62,8 @@ def latest_publication(tables_root: str | Path) -> Published | None:
 class MissRecorder:
     """Bounded buffer of (user_id, item_id, requested_at) flushed to miss_queue by a background thread.
 
-    Nothing stops the flusher: a failed write keeps its rows for the next try (as many as the buffer
+    The flusher never creates ``miss_queue``: until a Spark job has created it from its declaration,
+    flushes fail and keep their rows. Nothing stops the flusher: a failed write keeps its rows for the next try (as many as the buffer
     holds; the rest are counted as dropped) and is counted in ``flush_errors`` with ``last_error``;
     a row whose id cannot be stored (the lookup refuses those, so only a direct caller can bring
     one) is counted in ``rejected`` and logged, and the rest of its batch is written.
@@ -107,6 +108,10 @@ class MissRecorder:
         if not good:
             return 0
         try:
+            if not (Path(self.path) / "_delta_log").is_dir():
+                # Created by the Spark jobs from its declaration (with its comments), never here: a table
+                # that delta-rs created first would not match the declaration, and every job would fail
+                raise FileNotFoundError(f"{self.path} does not exist yet: the first Spark job creates miss_queue")
             write_deltalake(self.path, self._arrow(good), mode="append")
         except Exception as e:  # the table is missing or busy: keep what fits, try again next time
             self.flush_errors += 1

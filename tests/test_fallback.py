@@ -287,3 +287,23 @@ def test_coverage_sweep_needs_an_ingested_base_lake(spark, make_cfg):
     cfg = make_cfg("sweep_no_inputs")
     with pytest.raises(FileNotFoundError, match="ingest a log"):
         sweep.register_inputs(spark, cfg, sweep.point_config(cfg, sweep.SweepPoint(0.2, 6)))
+
+
+def test_a_lookup_started_before_the_first_job_leaves_miss_queue_to_the_jobs(spark, make_cfg):
+    """On an empty lake (a lookup started before any Spark job), the lookup's misses wait in its
+    buffer instead of creating miss_queue; the job then creates the table from its declaration and
+    the next flush lands in it."""
+    from feature_store.online import OnlineStore
+    from feature_store.tables import MISS_QUEUE, ensure_table
+
+    cfg = make_cfg()
+    store = OnlineStore(cfg.lake.tables_path, dim=4, poll_seconds=60, miss_flush_seconds=60)
+    store.poll_once()
+    _, tiers, _ = store.lookup("u1", ["i1", "i2"], T)
+    assert list(tiers) == [3, 3] and store.misses.flush() == 0 and store.misses.status()["buffered"] == 2
+    assert not cfg.lake.table_path("miss_queue").exists()
+    ensure_table(spark, MISS_QUEUE, cfg)  # the first job: no schema mismatch with anything the lookup wrote
+    assert store.misses.flush() == 2
+    rows = tbl(spark, cfg, "miss_queue").collect()
+    assert sorted((r.user_id, r.item_id, r.origin) for r in rows) == [("u1", "i1", "lookup"), ("u1", "i2", "lookup")]
+    store.stop()

@@ -73,14 +73,19 @@ def write_version(root, seed, mode="overwrite"):
         [(f"v{k}", r, f"u{(k + r) % 30}", 1.0 / r) for k in range(20) for r in (1, 2, 3)]), mode=mode)
 
 
+def empty_miss_queue(path):
+    """An empty miss_queue at ``path`` (what the first Spark job creates)."""
+    write_deltalake(str(path), pa.table({
+        "user_id": pa.array([], pa.string()), "item_id": pa.array([], pa.string()), "requested_at": pa.array([], TS),
+        "origin": pa.array([], pa.string()), "consumed_by_run": pa.array([], pa.string())}))
+
+
 @pytest.fixture
 def tables(tmp_path):
     root = tmp_path / "tables"
     write_version(root, seed=1)
     publish(root, "2026-01-05T12:00:00")
-    write_deltalake(str(root / "miss_queue"), pa.table({
-        "user_id": pa.array([], pa.string()), "item_id": pa.array([], pa.string()), "requested_at": pa.array([], TS),
-        "origin": pa.array([], pa.string()), "consumed_by_run": pa.array([], pa.string())}))
+    empty_miss_queue(root / "miss_queue")
     return root
 
 
@@ -258,8 +263,12 @@ def test_a_full_miss_buffer_drops_and_counts_without_blocking(tmp_path):
     rec.add("u", ["a", "b"], NOW)
     rec.add("u", ["c", "d", "e"], NOW)
     assert (rec.recorded, rec.dropped) == (3, 2)
-    assert rec.flush() == 3  # delta-rs creates the table on first append
-    assert (rec.flushed, rec.flush_errors) == (3, 0)
+    # the lookup never creates miss_queue (the Spark jobs do, from its declaration): kept until it exists
+    assert rec.flush() == 0 and rec.flush_errors == 1 and "does not exist yet" in rec.last_error
+    assert not (tmp_path / "no_table_yet" / "miss_queue").exists()
+    empty_miss_queue(tmp_path / "no_table_yet" / "miss_queue")
+    assert rec.flush() == 3
+    assert (rec.flushed, rec.flush_errors) == (3, 1)
 
 
 def test_ids_that_cannot_be_stored_get_400_and_miss_recording_goes_on(server, tables):
@@ -302,6 +311,7 @@ def test_the_miss_flusher_survives_bad_rows_and_failed_writes(tmp_path):
         assert status["flush_errors"] >= 2 and status["last_error"] and status["flushed"] == 0
         assert status["rejected"] == 2 and status["buffered"] == 1  # ("u", "b") kept for the retry
         target.unlink()
+        empty_miss_queue(target)
         while rec.flushed < 1 and time.time() < deadline:
             time.sleep(0.02)
         assert rec._thread.is_alive() and rec.status()["last_error"] is None
