@@ -208,8 +208,8 @@ def evaluate(cfg, rows_by_point: dict[str, pd.DataFrame], main: str, test_from, 
     variants = [v for v in VARIANTS if v in inputs or v == GATED or (v == "FM" and same_task)]
     if same_task:
         preds["FM"] = fm_p["test"][None, :]
-    ne_vm = seed_mean_ne(y, preds["VM"])
-    ne_fm = seed_mean_ne(y, preds["FM"]) if same_task else float("nan")
+    ne_vm = metrics.seed_mean_ne(y, preds["VM"])
+    ne_fm = metrics.seed_mean_ne(y, preds["FM"]) if same_task else float("nan")
     rows = []
     for name in variants:
         s = metrics.summary(y, preds[name])
@@ -237,14 +237,14 @@ def evaluate(cfg, rows_by_point: dict[str, pd.DataFrame], main: str, test_from, 
             by_tier.append({"tier": tier, "pairs": 0, "share": 0.0})
             continue
         yt = y[sel]
-        if yt.min() == yt.max():  # one class only: NE is defined, its bootstrap is not informative
+        if yt.min() == yt.max():  # one class only: the entropy of its rate is 0, NE has no meaning there
             ci = {}
         else:
-            ci = metrics.paired_bootstrap(yt, {"VM": preds["VM"][:, sel], SERVED: preds[SERVED][:, sel],
-                                               "masked": p_masked[:, sel]}, test_requests[sel], baseline="VM",
-                                          resamples=ec.bootstrap_resamples, seed=seeds[0])
-        ne = {n: seed_mean_ne(yt, preds[n][:, sel]) for n in ("VM", SERVED, "VM + FM embedding (oracle)")}
-        ne_masked = seed_mean_ne(yt, p_masked[:, sel])
+            ci = metrics.paired_bootstrap(yt, {"VM": preds["VM"][:, sel], SERVED: preds[SERVED][:, sel]},
+                                          test_requests[sel], baseline="VM", resamples=ec.bootstrap_resamples,
+                                          seed=seeds[0])
+        ne = {n: metrics.seed_mean_ne(yt, preds[n][:, sel]) for n in ("VM", SERVED, "VM + FM embedding (oracle)")}
+        ne_masked = metrics.seed_mean_ne(yt, p_masked[:, sel])
         by_tier.append({"tier": tier, "pairs": int(sel.sum()), "share": float(sel.mean()), "ctr": float(yt.mean()),
                         "ne_vm": ne["VM"], "ne_served": ne[SERVED], "ne_served_masked": ne_masked,
                         "ne_oracle": ne["VM + FM embedding (oracle)"],
@@ -285,15 +285,11 @@ def tiers_worse_than_vm(y: np.ndarray, tier: np.ndarray, val_preds: dict[str, np
     out = []
     for name in ORDER:
         sel = tier == TIERS.index(name)
-        if sel.any() and y[sel].min() != y[sel].max() and \
-                seed_mean_ne(y[sel], val_preds[SERVED][:, sel]) > seed_mean_ne(y[sel], val_preds["VM"][:, sel]):
+        if not sel.any() or y[sel].min() == y[sel].max():
+            continue
+        if metrics.seed_mean_ne(y[sel], val_preds[SERVED][:, sel]) > metrics.seed_mean_ne(y[sel], val_preds["VM"][:, sel]):
             out.append(name)
     return out
-
-
-def seed_mean_ne(y: np.ndarray, p: np.ndarray) -> float:
-    """The mean NE over the seeds of (S, n) predictions."""
-    return float(np.mean([metrics.normalized_entropy(y, row) for row in np.atleast_2d(p)]))
 
 
 def fm_request_latency(fm, ae, x: dict[str, np.ndarray], request_ids: np.ndarray, requests: int = 300) -> dict:

@@ -53,7 +53,7 @@ def bayes_gap(predictions: pd.DataFrame, truth: pd.DataFrame, models: list[str],
     preds = {m: seeded_column(rows, m) for m in models} | {"Bayes": rows[column].to_numpy()}
     ci = metrics.paired_bootstrap(y, preds, rows["request_id"].to_numpy(), baseline=baseline, reference="Bayes",
                                   resamples=resamples, seed=seed)
-    ne = {m: float(np.mean([metrics.normalized_entropy(y, r) for r in np.atleast_2d(p)])) for m, p in preds.items()}
+    ne = {m: metrics.seed_mean_ne(y, p) for m, p in preds.items()}
     out = {"bayes_ne": ne["Bayes"], "bayes_ne_ci": ci["Bayes"]["ne"], "bayes_auc": metrics.auc(y, preds["Bayes"]),
            "label": {"p_click": "click", "p_conversion": "conversion"}.get(column, column), "models": {}}
     for m in models:

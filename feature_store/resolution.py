@@ -156,7 +156,7 @@ class Snapshot:
         pairs = pairs if pairs is not None else _empty_pairs()
         means = means if means is not None else _empty_means()
         neighbors = neighbors if neighbors is not None else _empty_neighbors()
-        item_means = item_means if item_means is not None else _empty_item_means()
+        item_means = item_means if item_means is not None else _empty_means("item_id")
         dim = infer_dim(pairs["embedding"], means["embedding"], item_means["embedding"], default=dim or 32) \
             if dim is None else dim
         p_emb, p_ok = _vectors(pairs["embedding"], dim)
@@ -361,14 +361,9 @@ def _empty_pairs() -> pa.Table:
                    "computed_at": ts, "expires_at": ts})
 
 
-def _empty_means() -> pa.Table:
+def _empty_means(key: str = "user_id") -> pa.Table:
     ts = pa.timestamp("us", tz="UTC")
-    return _empty({"user_id": pa.string(), "embedding": pa.list_(pa.float32()), "computed_at": ts, "expires_at": ts})
-
-
-def _empty_item_means() -> pa.Table:
-    ts = pa.timestamp("us", tz="UTC")
-    return _empty({"item_id": pa.string(), "embedding": pa.list_(pa.float32()), "computed_at": ts, "expires_at": ts})
+    return _empty({key: pa.string(), "embedding": pa.list_(pa.float32()), "computed_at": ts, "expires_at": ts})
 
 
 def _empty_neighbors() -> pa.Table:

@@ -40,6 +40,11 @@ def normalized_entropy(labels, probs) -> float:
     return log_loss(labels, probs) / background_entropy(labels)
 
 
+def seed_mean_ne(labels, probs) -> float:
+    """NE of (n,) predictions, or the mean NE over the rows of (S, n) predictions (one per training seed)."""
+    return float(np.mean([normalized_entropy(labels, row) for row in np.atleast_2d(probs)]))
+
+
 def auc(labels, probs) -> float:
     """Area under the ROC curve (Mann-Whitney U with average ranks for ties); NaN with one class."""
     y, p = _check(labels, probs)
@@ -176,7 +181,7 @@ def paired_bootstrap(labels, preds: dict[str, np.ndarray], groups, baseline: str
             au[n].append(sum(mix[:, s] * _weighted_auc(y, ps[n][s], w) for s in range(k)))
     ne = {n: np.concatenate(v) for n, v in ne.items()}
     au = {n: np.concatenate(v) for n, v in au.items()}
-    point_ne = {n: float(np.mean([normalized_entropy(y, row) for row in ps[n]])) for n in preds}
+    point_ne = {n: seed_mean_ne(y, ps[n]) for n in preds}
     point_auc = {n: float(np.mean([auc(y, row) for row in ps[n]])) for n in preds}
     out = {}
     for n in preds:
