@@ -7,7 +7,9 @@ the lake holds (`model.training.train_all`: time-ordered 70/15/15 split, on the 
 one), writes the evaluation report beside the lake, then **gates** each new version (`model/promotion.py`): it is
 promoted only if it is not worse than the promoted version on its held-out split (lower NE; lower
 reconstruction MSE for the autoencoder; `tolerance` param, default 0). Every decision is logged
-with both numbers. Precompute runs promoted models when its config says `"promoted"`.
+with both numbers. Precompute runs promoted models when its config says `"promoted"`. A lake whose
+click-log candidates failed the ingest's leak check fails the run with the finding (no retry), unless
+`[quality] allow_leaking_candidates`.
 """
 
 from __future__ import annotations
@@ -25,8 +27,14 @@ def train(sizes: str) -> dict:
     from include.config import load_config
     from model import training
 
+    from airflow.sdk.exceptions import AirflowFailException
+    from model.data import LeakingCandidates
+
     cfg = load_config()
-    result = training.train_all(cfg, None, training.model_set(sizes))
+    try:
+        result = training.train_all(cfg, None, training.model_set(sizes))
+    except LeakingCandidates as e:  # a retry would refuse again: fail once, with the reason
+        raise AirflowFailException(str(e)) from None
     training.write_report(result, cfg.lake.root_path / "reports")
     print(training.to_markdown(result))
     return {k: str(Path(v)) for k, v in result["models"].items()}

@@ -8,7 +8,8 @@
 
 Prints and writes (JSON + Markdown, under reports/) the table of ``model.training.train_all``:
 params, FLOPs per pair, NE, AUC, calibration, NE relative to the VM and transfer ratio on the
-time-split test set, all with paired-bootstrap intervals; every model is saved in the registry
+time-split test set, all with paired-bootstrap intervals, beside a popularity baseline and a plain
+matrix factorisation (model/baselines.py); every model is saved in the registry
 (<lake>/models). On a simulated log whose ingest wrote the ``truth`` table (the synthetic world),
 also the Bayes NE and the share of the VM-to-Bayes gap that each model closes.
 """
@@ -41,6 +42,9 @@ def arguments(prog: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--max-train-requests", type=int, help="sample at most this many training requests")
     p.add_argument("--reports", default="reports", help="folder for the JSON and Markdown results")
     p.add_argument("--config", help="SOLARIS TOML config")
+    from include.cli import add_leak_override
+
+    add_leak_override(p)
     return p
 
 
@@ -52,7 +56,9 @@ def prepare(p: argparse.ArgumentParser, a: argparse.Namespace):
     extra = clicklog_arguments(a)
     if extra and a.data not in ("clicklog", "globo"):
         p.error(f"{' '.join(extra[::2])} apply to click logs (--data clicklog or globo), not --data {a.data}")
-    cfg = load_config(a.config)
+    from include.cli import with_leak_override
+
+    cfg = with_leak_override(load_config(a.config), a)
     source = a.source or ("impressions" if a.data == "impressions" else a.data)
     if a.data and not a.skip_ingest:
         from include.spark import get_spark
@@ -82,7 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
     cfg, source, ec = prepare(p, a)
     print(f"training on source {source!r}")
-    result = training.train_all(cfg, source, ec)
+    from model.data import LeakingCandidates
+
+    try:
+        result = training.train_all(cfg, source, ec)
+    except LeakingCandidates as e:
+        p.exit(2, f"{p.prog}: error: {e}\n")
     markdown = training.to_markdown(result)
     from experiments import truth
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from feature_store.resolution import ORDER
 from model.metrics import format_interval as ci
 from model.metrics import transfer_label
+from model.training import LEAKING, leaking_mark
 
 PAPER = {"VM + KD (soft labels)": "transfer 20-25%", "VM + SOLARIS (served)": "transfer 42-44%, NE -0.05..-0.10%"}
 COLORS = {"exact": "#2b8cbe", "item_mean": "#0868ac", "user_mean": "#7bccc4", "neighbor": "#bae4bc", "none": "#d9d9d9"}
@@ -50,7 +51,8 @@ def consumers_markdown(r: dict) -> list[str]:
         rows = {x["model"]: x for x in c["rows"]}
         served, oracle = rows["VM + SOLARIS (served)"], rows["VM + FM embedding (oracle)"]
         tr = ("n/a: the FM does not predict this task" if c["fm_beats_vm"] is None else
-              transfer_label(served["transfer_ratio"], served.get("transfer_ratio_ci"), c["fm_beats_vm"]))
+              transfer_label(served["transfer_ratio"], served.get("transfer_ratio_ci"), c["fm_beats_vm"],
+                             bool(r.get("leaking_candidates"))))
         out.append(f"| {name} | {c['task']} | {c['surface'] or 'all'} | "
                    + " | ".join(pct(c["coverage"].get(t, 0.0)) for t in ORDER)
                    + f" | {c['window']['test']['rows']:,} | {rows['VM']['ne']:.4f} | "
@@ -81,10 +83,12 @@ def markdown(r: dict) -> str:
            "| model | params | NE [95% CI] | AUC [95% CI] | calibration | NE vs VM [95% CI] | AUC vs VM [95% CI] "
            "| transfer ratio [95% CI] | paper |",
            "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
-    better = v["fm_beats_vm"]
+    better, leaking = v["fm_beats_vm"], bool(r.get("leaking_candidates"))
+    if leaking:
+        out[2:2] = [leaking_mark(r["leaking_candidates"]), ""]
     for x in v["rows"]:
-        tr = "" if x["model"] in ("VM", "FM") else transfer_label(x["transfer_ratio"], x["transfer_ratio_ci"], better)
-        out.append(f"| {x['model']} | {x['params']:,} | {x['ne']:.4f} {ci(x['ne_ci'], '.4f')} | "
+        tr = "" if x["model"] in ("VM", "FM") else transfer_label(x["transfer_ratio"], x["transfer_ratio_ci"], better, leaking)
+        out.append(f"| {x['model']}{LEAKING if leaking else ''} | {x['params']:,} | {x['ne']:.4f} {ci(x['ne_ci'], '.4f')} | "
                    f"{x['auc']:.4f} {ci(x['auc_ci'], '.4f')} | {x['calibration']:.3f} | "
                    f"{x['ne_vs_vm_pct']:+.2f}% {ci(x['ne_vs_vm_pct_ci'], '+.2f')} | "
                    f"{x['auc_vs_vm']:+.4f} {ci(x['auc_vs_vm_ci'], '+.4f')} | {tr} | {PAPER.get(x['model'], '')} |")
@@ -129,7 +133,7 @@ def markdown(r: dict) -> str:
         e = by_point[name]
         out.append(f"| {100 * p['budget']:g}% | {p['ttl_hours']:g} h | "
                    + " | ".join(pct(p["coverage"].get(t, 0.0)) for t in ORDER)
-                   + f" | {e['ne']:.4f} | {e['ne_vs_vm_pct']:+.2f}% | {transfer_label(e['transfer_ratio'], None, better)} | "
+                   + f" | {e['ne']:.4f} | {e['ne_vs_vm_pct']:+.2f}% | {transfer_label(e['transfer_ratio'], None, better, leaking)} | "
                      f"{per_hour(p, 'pairs_embedded'):,.0f} | {p['seconds']:.0f} |")
     solaris, spec, online = (per_hour(main, "pairs_embedded"), per_hour(main, "pairs_scored"),
                              served_per_hour(main, w))
@@ -168,8 +172,8 @@ def markdown(r: dict) -> str:
     init = r["initial_models"]
     for x in init["rows"]:
         tr = "" if x["model"] in ("VM", "FM") else transfer_label(x["transfer_ratio"], x.get("transfer_ratio_ci"),
-                                                                  init.get("fm_beats_vm"))
-        out.append(f"| {x['model']} | {x['ne']:.4f} {ci(x['ne_ci'], '.4f')} | {x['auc']:.4f} {ci(x['auc_ci'], '.4f')} | "
+                                                                  init.get("fm_beats_vm"), leaking)
+        out.append(f"| {x['model']}{LEAKING if leaking else ''} | {x['ne']:.4f} {ci(x['ne_ci'], '.4f')} | {x['auc']:.4f} {ci(x['auc_ci'], '.4f')} | "
                    f"{x['calibration']:.3f} | {x['ne_vs_vm_pct']:+.2f}% {ci(x['ne_vs_vm_pct_ci'], '+.2f')} | {tr} |")
     if init.get("bayes"):
         from experiments.truth import to_markdown as bayes_markdown

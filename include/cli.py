@@ -72,3 +72,21 @@ def run_at_time(argv: list[str] | None, module: str, description: str, run: Call
         return WRITE_CONFLICT
     show(result)
     return 0
+
+
+LEAK_OVERRIDE = "--allow-leaking-candidates"
+
+
+def add_leak_override(parser) -> None:
+    """The one flag that lets training go on from a source whose generated candidates failed the
+    ingest's leak check (``[quality] allow_leaking_candidates``)."""
+    parser.add_argument(LEAK_OVERRIDE, action="store_true",
+                        help="train and report even when the click log's generated candidates failed the leak "
+                             "check; every figure is then marked and no transfer ratio is printed")
+
+
+def with_leak_override(cfg, args):
+    """``cfg`` with ``[quality] allow_leaking_candidates`` on when the command line asked for it."""
+    if getattr(args, "allow_leaking_candidates", False):
+        return cfg.with_overrides(quality={"allow_leaking_candidates": True})
+    return cfg

@@ -79,15 +79,25 @@ class ClickLogConfig:
     """How a click-only log becomes requests with candidate lists (see spark_jobs/candidates.py)."""
 
     negatives_per_click: int = 9  # K: candidates shown beside the clicked item
-    window_hours: int = 1  # W: popularity is counted over the W whole hours before the click's hour
+    # Negatives are drawn from the clicks that follow the click, in its hour and the next one,
+    # widened to later hours until the pool holds min_pool_clicks events, at most max_window_hours
+    # after the click's hour (spark_jobs/candidates.py has why, and the measurements).
+    min_pool_clicks: int = 1
+    max_window_hours: int = 24
+    # "after": the pools above. "before": the clicks of the whole hour before the click's hour, this
+    # generator's first form, which gives the label away on sparse logs: kept to reproduce that
+    # (the ingest's leak check flags it and training refuses it).
+    pool: str = "after"
     pool_size: int = 1000  # negatives are drawn from a seeded sample of this many click events of the window
     seed: int = 7
 
     def __post_init__(self):
         if self.negatives_per_click < 0:
             raise ConfigError("[clicklog] negatives_per_click must be >= 0")
-        if self.window_hours < 1:
-            raise ConfigError("[clicklog] window_hours must be >= 1")
+        if self.min_pool_clicks < 1 or self.max_window_hours < 1:
+            raise ConfigError("[clicklog] min_pool_clicks and max_window_hours must be >= 1")
+        if self.pool not in ("after", "before"):
+            raise ConfigError(f"[clicklog] pool must be 'after' or 'before', got {self.pool!r}")
         if self.pool_size < self.negatives_per_click:
             raise ConfigError("[clicklog] pool_size must be >= negatives_per_click")
 
@@ -96,10 +106,42 @@ class ClickLogConfig:
 class QualityConfig:
     """Data-quality bounds checked with great-expectations on every ingested slice."""
 
-    min_ts: str = "2000-01-01T00:00:00"  # UTC; rows outside [min_ts, max_ts) are quarantined
+    min_ts: str = "1970-01-01T00:00:00"  # UTC; rows outside [min_ts, max_ts) are quarantined
     max_ts: str = "2100-01-01T00:00:00"
     max_candidates_per_request: int = 500
     min_coverage: float = 0.0  # feature check: share of the past hour's candidates served a non-zero tier
+    # Generated candidates (click logs): a single-feature AUC outside [leak_auc_min, leak_auc_max]
+    # means the generator, not the users, separates the labels. Training, model_eval, the replay
+    # and the daily DAG refuse such a source unless allow_leaking_candidates (then every figure
+    # is marked and no transfer ratio is printed).
+    leak_auc_min: float = 0.40
+    leak_auc_max: float = 0.65
+    allow_leaking_candidates: bool = False
+
+    def __post_init__(self):
+        from datetime import datetime
+
+        try:
+            lo, hi = datetime.fromisoformat(self.min_ts), datetime.fromisoformat(self.max_ts)
+        except ValueError as e:
+            raise ConfigError(f"[quality] min_ts and max_ts must be ISO timestamps: {e}") from None
+        if lo >= hi:
+            raise ConfigError(f"[quality] min_ts ({self.min_ts}) must be before max_ts ({self.max_ts})")
+        if not 0 <= self.leak_auc_min < 0.5 < self.leak_auc_max <= 1:
+            raise ConfigError("[quality] leak_auc_min must be in [0, 0.5) and leak_auc_max in (0.5, 1]")
+
+    def leaks(self, stats: dict) -> list[str]:
+        """The leak-check statistics of ``stats`` (LEAK_STATISTICS names -> AUC) outside the band, as
+        "prior popularity AUC 0.017"; NaN (one class only, nothing to judge) and None are skipped."""
+        return [f"{label} AUC {stats[key]:.3f}" for key, label in LEAK_STATISTICS
+                if stats.get(key) is not None and stats[key] == stats[key]
+                and not self.leak_auc_min <= stats[key] <= self.leak_auc_max]
+
+
+# The leak check's single-feature AUCs of generated candidates (spark_jobs/candidates.py), as
+# stored in ingest_runs, and how reports name them.
+LEAK_STATISTICS = (("popularity_auc", "prior popularity"), ("recent_click_auc", "recent click"),
+                   ("position_auc", "position"))
 
 
 @dataclass(frozen=True)

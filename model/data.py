@@ -54,6 +54,50 @@ def read_table(cfg, table: str, columns: list[str], source: str | None, until=No
     return dataset.to_table(columns=columns, filter=flt, fragment_scan_options=checked).to_pandas()
 
 
+class LeakingCandidates(ValueError):
+    """The source's generated candidates failed the ingest's leak check: a model trained on them
+    learns the candidate generator, not the users."""
+
+
+def candidate_leaks(cfg, source: str | None) -> list[str]:
+    """The leak-check findings of ``source``'s ingest runs of generated candidates (click logs; all
+    sources when None), one per input and statistic outside ``[quality]``'s band, as
+    "INPUT: prior popularity AUC 0.017"; empty when none was ingested or every statistic is inside
+    the band. Runs recorded before ingest_runs had ``candidates`` are not judged."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        table = DeltaTable(str(cfg.lake.table_path("ingest_runs")))
+    except TableNotFoundError:
+        return []
+    have = {f.name for f in table.schema().fields}
+    if "candidates" not in have:  # written before candidates were told apart: nothing to judge
+        return []
+    columns = ["input_path", "candidates"] + sorted(c for c in have if c.endswith("_auc"))  # cfg.quality.leaks judges them
+    # to_pandas, not a pyarrow dataset scan: a scan's threads abort the interpreter at exit when
+    # nothing else has run (a refusal is the first and last read of a process)
+    rows = table.to_pandas(columns=columns, filters=[("source", "=", source)] if source else None).to_dict("records")
+    rows = [r for r in rows if r["candidates"] == "generated"]  # logged impressions are as shown, not judged
+    return [f"{r['input_path']}: {finding}" for r in sorted(rows, key=lambda r: r["input_path"])
+            for finding in cfg.quality.leaks(r)]
+
+
+def require_leak_free(cfg, source: str | None) -> list[str]:
+    """Raise ``LeakingCandidates`` when ``source``'s candidates failed the leak check, unless
+    ``[quality] allow_leaking_candidates``; returns the findings (empty for a clean source)."""
+    leaks = candidate_leaks(cfg, source)
+    q = cfg.quality
+    if leaks and not q.allow_leaking_candidates:
+        more = f" (and {len(leaks) - 1} more)" if len(leaks) > 1 else ""
+        raise LeakingCandidates(
+            f"refusing to train on source {source or 'all'!r}: its generated candidates give the label away, "
+            f"{leaks[0]}{more}, outside [{q.leak_auc_min}, {q.leak_auc_max}]; re-ingest it with the default "
+            f"[clicklog] pool (spark_jobs/candidates.py), or pass --allow-leaking-candidates "
+            f"([quality] allow_leaking_candidates = true) to go on with every figure marked as leaking")
+    return leaks
+
+
 def load(cfg, source: str | None = None, until=None, extra_labels: list[str] = ()
          ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(requests with known labels, user events, items) of one source (all sources when None).

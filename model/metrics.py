@@ -208,8 +208,12 @@ def format_interval(interval: tuple[float, float], fmt: str) -> str:
     return f"[{lo:{fmt}}, {hi:{fmt}}]"
 
 
-def transfer_label(ratio: float, ci: tuple[float, float] | None, reference_beats_baseline: bool | None) -> str:
-    """How a report prints a transfer ratio: only when the FM beats the VM with an interval excluding zero."""
+def transfer_label(ratio: float, ci: tuple[float, float] | None, reference_beats_baseline: bool | None,
+                   leaking: bool = False) -> str:
+    """How a report prints a transfer ratio: only when the FM beats the VM with an interval excluding
+    zero, and never on leaking candidates (the ratio would measure the generator)."""
+    if leaking:
+        return "n/a: leaking candidates"
     if not reference_beats_baseline or not np.isfinite(ratio):
         return "n/a: FM not better"
     return f"{100 * ratio:.0f}% [{100 * ci[0]:.0f}, {100 * ci[1]:.0f}]" if ci else f"{100 * ratio:.0f}%"

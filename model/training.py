@@ -20,8 +20,8 @@ import numpy as np
 import pandas as pd
 import torch
 
+from model import baselines, interface, metrics, registry
 from model import data as mdata
-from model import interface, metrics, registry
 from model.autoencoder import AEConfig, EmbeddingAutoencoder
 from model.features import Vocab, build_examples, model_inputs, row_inputs, subset
 from model.fm import FoundationModel
@@ -132,6 +132,9 @@ def train_all(cfg, source: str | None, ec: ModelSetConfig = ModelSetConfig(), lo
     the requests before this time only. The FM and the consumers are the config's (``[models]``)."""
     t0 = time.perf_counter()
     choice = ModelChoice.from_config(cfg)
+    leaks = mdata.require_leak_free(cfg, source)
+    if leaks:
+        log(f"WARNING: training on leaking candidates ({len(leaks)} finding(s), e.g. {leaks[0]}): every figure is marked")
     requests, events, items = mdata.load(cfg, source, until, extra_labels=sorted(choice.tasks - {"click"}))
     result, models, extras = train_frames(requests, events, items, ec, cfg.models.device, log, choice)
     window, root = result["window"] | {"source": source}, cfg.models_root
@@ -145,8 +148,11 @@ def train_all(cfg, source: str | None, ec: ModelSetConfig = ModelSetConfig(), lo
                 key = registry.consumer_name(name, variant)
                 vocab = {"vocab.json": json.dumps(models[(name, "vocab")].values)}  # the consumer's own ids
                 saved[key] = registry.save(root, key, models[(name, model_name)], rows[model_name], cwindow, vocab)
+    if leaks:
+        for table in result["consumers"].values():
+            table["leaking_candidates"] = leaks
     return result | {"source": source, "window": window, "models": {k: str(v) for k, v in saved.items()},
-                     "seconds": round(time.perf_counter() - t0, 1)}
+                     "seconds": round(time.perf_counter() - t0, 1), "leaking_candidates": leaks}
 
 
 KD, ORACLE = "VM + KD (soft labels)", "VM + FM embedding (oracle coverage)"
@@ -241,6 +247,21 @@ def consumer_rows(split: pd.DataFrame, c) -> np.ndarray:
     return np.flatnonzero(keep.to_numpy())
 
 
+def train_baselines(c: Consumer, mine, labels, vx, sizes, vm_train: TrainConfig, device, models: dict,
+                    log) -> dict[str, np.ndarray]:
+    """Test predictions of the baselines (model.baselines) on the consumer's rows of the split; the
+    matrix factorisation goes to ``models`` as (consumer, name)."""
+    out = {baselines.POPULARITY: baselines.item_rate(mine["train"]["item_id"], labels["train"], mine["test"]["item_id"])}
+    log(f"  training {c.name}: {baselines.MF}")
+    torch.manual_seed(vm_train.seed)
+    mf = baselines.MatrixFactorization(baselines.MFConfig(n_users=sizes["n_users"], n_items=sizes["n_items"]))
+    ids = lambda k: {n: v for n, v in vx[k].items() if n in ("user", "item", "position", "label")}  # noqa: E731
+    fit(mf, bce_loss, ids("train"), ids("val"), vm_train, log)
+    out[baselines.MF] = sigmoid(infer(mf, mf, ids("test"), device=device))
+    models[(c.name, baselines.MF)] = mf
+    return out
+
+
 def train_consumer(c: Consumer, splits, rows, x, codes, fm_p, sizes, ec: ModelSetConfig, vm_train: TrainConfig,
                    device, fm, fm_flops: float, models: dict, log) -> dict:
     """One consumer's VM, VM + KD (when the FM predicts its task) and VM + FM embedding (oracle),
@@ -274,6 +295,7 @@ def train_consumer(c: Consumer, splits, rows, x, codes, fm_p, sizes, ec: ModelSe
         models[(c.name, name)] = vm
         out_rows.append({"model": name, "params": n_params(vm),
                          "flops_per_pair": flops_per_example(vm, vm, {k: v[:256] for k, v in xt.items()})})
+    preds.update(train_baselines(c, mine, labels, vx, sizes, vm_train, device, models, log))
     y = labels["test"]
     if same_task:
         preds["FM"] = fm_p["test"][rows["test"]]
@@ -284,6 +306,8 @@ def train_consumer(c: Consumer, splits, rows, x, codes, fm_p, sizes, ec: ModelSe
     intervals = metrics.paired_bootstrap(y, preds, test["request_id"].to_numpy(), baseline="VM",
                                          reference="FM" if same_task else None,
                                          resamples=ec.bootstrap_resamples, seed=ec.split.seed)
+    out_rows += [{"model": name, "params": None if name == baselines.POPULARITY else n_params(models[(c.name, name)]),
+                  "flops_per_pair": None} for name in baselines.NAMES]
     for r in out_rows:
         s = metrics.summary(y, preds[r["model"]])
         ci = intervals[r["model"]]
@@ -296,7 +320,9 @@ def train_consumer(c: Consumer, splits, rows, x, codes, fm_p, sizes, ec: ModelSe
                                 "label": y, **preds})
     return {"consumer": {"name": c.name, "task": c.task, "surface": c.surface,
                          "class": interface.class_path(c.vm_class)},
-            "rows": out_rows, "predictions": predictions, "bootstrap": intervals["_meta"],
+            "rows": [r for r in out_rows if r["model"] not in baselines.NAMES],
+            "baselines": [r for r in out_rows if r["model"] in baselines.NAMES],
+            "predictions": predictions, "bootstrap": intervals["_meta"],
             "fm_beats_vm": intervals["_meta"]["reference_beats_baseline"] if same_task else None,
             # torch's counter sees matmuls and convolutions: a VM of lookups and products alone counts 0
             "fm_vm_flops_ratio": fm_flops / out_rows[0]["flops_per_pair"] if out_rows[0]["flops_per_pair"] else float("nan"),
@@ -313,11 +339,16 @@ def consumer_markdown(table: dict, ci=metrics.format_interval) -> list[str]:
              "| model | params | FLOPs/pair | NE [95% CI] | AUC [95% CI] | calibration | NE vs VM [95% CI] | "
              "AUC vs VM [95% CI] | transfer ratio [95% CI] |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    fm_better = table["fm_beats_vm"]
-    for r in table["rows"]:
-        tr = ("" if r["model"] in ("VM", "FM") else "n/a: the FM does not predict this task" if fm_better is None
-              else metrics.transfer_label(r["transfer_ratio"], r["transfer_ratio_ci"], fm_better))
-        lines.append(f"| {r['model']} | {r['params']:,} | {r['flops_per_pair']:,.0f} | {r['ne']:.4f} {ci(r['ne_ci'], '.4f')} | "
+    fm_better, leaking = table["fm_beats_vm"], table.get("leaking_candidates")
+    if leaking:
+        lines[:0] = [leaking_mark(leaking), ""]
+    for r in table["rows"] + table.get("baselines", []):
+        tr = ("" if r["model"] in ("VM", "FM", *baselines.NAMES) else "n/a: the FM does not predict this task"
+              if fm_better is None else metrics.transfer_label(r["transfer_ratio"], r["transfer_ratio_ci"], fm_better,
+                                                               bool(leaking)))
+        params = f"{r['params']:,}" if r["params"] is not None else "-"
+        flops = f"{r['flops_per_pair']:,.0f}" if r["flops_per_pair"] is not None else "-"
+        lines.append(f"| {r['model']}{LEAKING if leaking else ''} | {params} | {flops} | {r['ne']:.4f} {ci(r['ne_ci'], '.4f')} | "
                      f"{r['auc']:.4f} {ci(r['auc_ci'], '.4f')} | {r['calibration']:.3f} | "
                      f"{r['ne_vs_vm_pct']:+.2f}% {ci(r['ne_vs_vm_pct_ci'], '+.2f')} | "
                      f"{r['auc_vs_vm']:+.4f} {ci(r['auc_vs_vm_ci'], '+.4f')} | {tr} |")
@@ -329,6 +360,16 @@ def consumer_markdown(table: dict, ci=metrics.format_interval) -> list[str]:
                "the FM does not beat the VM with an interval that excludes zero, so no transfer ratio is shown")
     return lines + ["", f"Intervals: paired bootstrap over the {b['groups']:,} test requests, {b['resamples']:,} "
                         f"resamples; {verdict}. FM/VM FLOPs per pair: {flops}."]
+
+
+LEAKING = " (leaking candidates)"
+
+
+def leaking_mark(leaks: list[str]) -> str:
+    """The line every report puts above figures trained and tested on leaking candidates."""
+    return (f"**LEAKING CANDIDATES: every figure below comes from generated candidates that give the label "
+            f"away ({leaks[0]}{f' and {len(leaks) - 1} more' if len(leaks) > 1 else ''}); they measure the "
+            f"generator, not the models, and no transfer ratio is shown.**")
 
 
 def to_markdown(result: dict) -> str:

@@ -104,6 +104,23 @@ def parse_timestamp(col, unit: str):
     return F.try_to_timestamp(col)
 
 
+# 1e11: 1973-03-03 in milliseconds, the year 5138 in seconds. A millisecond value below it is almost
+# surely a log in seconds read with the wrong unit (it would land in early 1970), not a log that old.
+SECONDS_AS_MS_BELOW = 100_000_000_000
+
+
+def timestamp_problem(text, ts, unit: str, quality):
+    """Why a record's timestamp is not accepted, or NULL: unparsable, seconds read as milliseconds,
+    or outside [min_ts, max_ts) (the reason names the bound it broke). ``text``: the raw value."""
+    lo, hi = F.lit(quality.min_ts).cast("timestamp"), F.lit(quality.max_ts).cast("timestamp")
+    problem = F.when(ts.isNull(), F.concat(F.lit(f"unparsable timestamp ({unit}): "), text))
+    if unit == "ms":
+        problem = problem.when(F.abs(text.try_cast("bigint")) < SECONDS_AS_MS_BELOW, F.concat(
+            F.lit("timestamp looks like seconds read as milliseconds (before 1973-03-03; give --ts-unit s): "), text))
+    return (problem.when(ts < lo, F.concat(F.lit(f"timestamp before min_ts {quality.min_ts}: "), ts.cast("string")))
+            .when(ts >= hi, F.concat(F.lit(f"timestamp at or after max_ts {quality.max_ts}: "), ts.cast("string"))))
+
+
 def id_problem(col, name: str):
     """Why ``col`` cannot be an id (over MAX_ID_LENGTH characters, a control character), or NULL."""
     return (F.when(F.length(col) > MAX_ID_LENGTH,
@@ -149,9 +166,8 @@ def parse_clicks(raw: DataFrame, spec: ClickLogSpec, quality) -> DataFrame:
               .when(id_problem(src("user_id"), "user_id").isNotNull(), id_problem(src("user_id"), "user_id"))
               .when(id_problem(src("item_id"), "item_id").isNotNull(), id_problem(src("item_id"), "item_id"))
               .when(blank("ts"), F.lit("missing timestamp"))
-              .when(ts.isNull(), F.concat(F.lit(f"unparsable timestamp ({spec.ts_unit}): "), src("ts")))
-              .when((ts < F.lit(quality.min_ts).cast("timestamp")) | (ts >= F.lit(quality.max_ts).cast("timestamp")),
-                    F.concat(F.lit(f"timestamp outside [{quality.min_ts}, {quality.max_ts}): "), ts.cast("string"))))
+              .when(timestamp_problem(src("ts"), ts, spec.ts_unit, quality).isNotNull(),
+                    timestamp_problem(src("ts"), ts, spec.ts_unit, quality)))
     return raw.select(src("user_id").alias("user_id"), src("item_id").alias("item_id"), ts.alias("ts"),
                       *[src(c).alias(c) for c in CONTEXT + ATTRIBUTES], raw_text.alias("raw"), reason.alias("reason"))
 
@@ -276,7 +292,7 @@ def ingest(spark, cfg, path: str, spec: ClickLogSpec, fmt: str = "csv", items_pa
             other_inputs = (items_path,)
         clicks = clicks.drop(*ATTRIBUTES)
         params = cfg.clicklog
-        prior = _prior_clicks(spark, cfg, spec.source, clicks, params)
+        prior = _other_inputs_clicks(spark, cfg, spec.source, path, clicks, params)
         requests = clicks_to_requests(clicks, params, spec.source, prior)
         pool_clicks = clicks.select("item_id", "ts")
         if prior is not None:
@@ -285,24 +301,28 @@ def ingest(spark, cfg, path: str, spec: ClickLogSpec, fmt: str = "csv", items_pa
                                F.lit(spec.source).alias("source"), F.to_date("ts").alias("date"))
         return write_ingest(spark, cfg, source=spec.source, input_path=path, records_in=records_in,
                             requests=requests, events=events, items=items, quarantine=bad, started=started,
-                            pool_clicks=pool_clicks, other_inputs=other_inputs)
+                            pool_clicks=pool_clicks, other_inputs=other_inputs, generated=True)
     finally:
         parsed.unpersist()
 
 
-def _prior_clicks(spark, cfg, source: str, clicks: DataFrame, params) -> DataFrame | None:
-    """Clicks of this source already in user_events from the W hours before this input starts."""
+def _other_inputs_clicks(spark, cfg, source: str, path: str, clicks: DataFrame, params) -> DataFrame | None:
+    """Clicks of this source that other inputs brought, from a day before this input's first hour
+    (the leak check's look-back) to the pools' window after its last (``max_window_hours``): a log
+    split into files that overlap in time (Globo's session files) draws from the same clicks as the
+    log ingested whole, for the hours both inputs hold."""
     from feature_store.tables import USER_EVENTS, qualified_name
 
     name = qualified_name(USER_EVENTS, cfg.lake.database)
     if not spark.catalog.tableExists(name):
         return None
-    start = clicks.agg(F.min("ts")).first()[0]
+    start, end = clicks.agg(F.min("ts"), F.max("ts")).first()
     if start is None:
         return None
     return (spark.table(name)
-            .where((F.col("source") == source) & (F.col("event_type") == "click") & (F.col("ts") < F.lit(start))
-                   & (F.col("ts") >= F.lit(start) - F.expr(f"INTERVAL {params.window_hours + 1} HOURS")))
+            .where((F.col("source") == source) & (F.col("event_type") == "click") & (F.col("input_path") != path)
+                   & (F.col("ts") >= F.date_trunc("hour", F.lit(start)) - F.expr("INTERVAL 25 HOURS"))
+                   & (F.col("ts") < F.lit(end) + F.expr(f"INTERVAL {params.max_window_hours + 1} HOURS")))
             .select("user_id", "item_id", "ts"))
 
 

@@ -34,7 +34,7 @@ from pyspark.sql import functions as F
 from feature_store import lake
 from spark_jobs.ingest_clicklog import (CONTEXT, CORRUPT, UNDECODABLE, InputError, check_columns, check_spec,
                                         count_records, id_problem, parse_map, parse_timestamp, read_raw,
-                                        require_path)
+                                        require_path, timestamp_problem)
 
 REQUIRED = ("request_id", "user_id", "item_id", "ts", "label")
 OPTIONAL = ("position", "conversion", *CONTEXT)
@@ -83,9 +83,8 @@ def parse_impressions(raw: DataFrame, spec: ImpressionLogSpec, quality) -> DataF
               .when(id_problem(src("user_id"), "user_id").isNotNull(), id_problem(src("user_id"), "user_id"))
               .when(id_problem(src("item_id"), "item_id").isNotNull(), id_problem(src("item_id"), "item_id"))
               .when(blank("ts"), F.lit("missing timestamp"))
-              .when(ts.isNull(), F.concat(F.lit(f"unparsable timestamp ({spec.ts_unit}): "), src("ts")))
-              .when((ts < F.lit(quality.min_ts).cast("timestamp")) | (ts >= F.lit(quality.max_ts).cast("timestamp")),
-                    F.concat(F.lit(f"timestamp outside [{quality.min_ts}, {quality.max_ts}): "), ts.cast("string")))
+              .when(timestamp_problem(src("ts"), ts, spec.ts_unit, quality).isNotNull(),
+                    timestamp_problem(src("ts"), ts, spec.ts_unit, quality))
               .when(~blank("label") & ~label.isin(0, 1), F.concat(F.lit("label not 0, 1 or empty: "), src("label")))
               .when(~blank("conversion") & ~conversion.isin(0, 1),
                     F.concat(F.lit("conversion not 0, 1 or empty: "), src("conversion")))

@@ -27,7 +27,6 @@ from feature_store.tables import (INGEST_RUNS, ITEMS, REQUEST_LOG, REQUEST_LOG_Q
                                   conform, ensure_tables)
 
 
-LEAK_WARN = (0.35, 0.75)  # a single-feature AUC outside this range is reported as a leak
 # What to try when a whole input lands in the quarantine for one reason.
 QUARANTINE_HINTS = (
     ("timestamp", "the timestamps may be in another unit or format: try --ts-unit s, ms or iso"),
@@ -56,7 +55,10 @@ class IngestReport:
     finished_at: datetime
     quality_report: str | None = None
     popularity_auc: float | None = None  # single-feature AUCs of generated candidates (click logs only)
+    recent_click_auc: float | None = None
     position_auc: float | None = None
+    leaks: tuple[str, ...] = ()  # generated candidates: statistics outside [quality]'s band, as "prior popularity AUC 0.017"
+    candidates: str | None = None  # "generated" (a click log: SOLARIS drew the negatives) or "logged" (as shown)
     events_already_present: int = 0  # events another input had already brought (kept once)
     reasons: tuple[tuple[str, int], ...] = ()  # quarantine counts by reason category
 
@@ -75,12 +77,12 @@ class IngestReport:
         if self.popularity_auc is None:
             return []
         out = [f"  leak check, single-feature AUC of the requests (0.5: no signal): "
-               f"prior popularity {self.popularity_auc:.3f}, position {self.position_auc:.3f}"]
-        for name, value in (("prior popularity", self.popularity_auc), ("position", self.position_auc)):
-            # NaN: one class only (no negatives yet, e.g. only the log's first W hours): nothing to judge
-            if value == value and not LEAK_WARN[0] <= value <= LEAK_WARN[1]:
-                out.append(f"  WARNING: {name} alone separates clicks from negatives (AUC {value:.3f}, outside "
-                           f"[{LEAK_WARN[0]}, {LEAK_WARN[1]}]): a model trained on these requests learns the generator")
+               f"prior popularity {self.popularity_auc:.3f}, recent click {self.recent_click_auc:.3f}, "
+               f"position {self.position_auc:.3f}"
+               + ("" if self.candidates == "generated" else " (logged impressions: reported, not judged)")]
+        out += [f"  WARNING: {finding} alone separates clicks from negatives: a model trained on these requests "
+                f"learns the generator; training refuses this source unless --allow-leaking-candidates"
+                for finding in self.leaks]
         return out
 
     def _lines(self, database: str) -> list[str]:
@@ -109,11 +111,13 @@ def quarantine_rows(raw: DataFrame, source: str, input_path: str, ingested_at: d
 def write_ingest(spark, cfg, *, source: str, input_path: str, records_in: int, requests: DataFrame,
                  events: DataFrame, items: DataFrame | None, quarantine: DataFrame,
                  started: float, other_inputs: tuple[str, ...] = (), pool_clicks: DataFrame | None = None,
-                 truth: DataFrame | None = None) -> IngestReport:
+                 truth: DataFrame | None = None, generated: bool = False) -> IngestReport:
     """Validate, then write every output of one run. ``other_inputs`` are further files whose bad
     records are in ``quarantine`` (e.g. MIND's news.tsv beside behaviors.tsv). ``pool_clicks``: the
     clicks of the log (for click logs, those the candidates were drawn from): the leak check runs
-    on them. ``truth``: known click probabilities of a simulated log, written to ``truth``."""
+    on them. ``generated``: the candidates were drawn by SOLARIS (a click log), so a statistic
+    outside the band is a leak that training refuses; logged impressions are reported, not judged.
+    ``truth``: known click probabilities of a simulated log, written to ``truth``."""
     ensure_tables(spark, cfg)
     cached = []
 
@@ -160,10 +164,11 @@ def write_ingest(spark, cfg, *, source: str, input_path: str, records_in: int, r
             from spark_jobs.candidates import leak_statistics
 
             leak = leak_statistics(requests, pool_clicks)
+            leak["leaks"] = tuple(cfg.quality.leaks(leak)) if generated else ()
         reasons = (quarantine.groupBy(F.col("reason").alias("r")).count()
                    .orderBy(F.desc("count"), "r").collect())
         report = IngestReport(
-            **leak, reasons=tuple((r.r, r["count"]) for r in reasons), events_already_present=events_present, run_id=run_id, source=source, input_path=input_path, records_in=records_in,
+            **leak, candidates="generated" if generated else "logged", reasons=tuple((r.r, r["count"]) for r in reasons), events_already_present=events_present, run_id=run_id, source=source, input_path=input_path, records_in=records_in,
             request_rows=stats.rows, requests=stats.requests, event_rows=ev.rows, item_rows=item_rows,
             quarantined=sum(r["count"] for r in reasons), min_ts=stats.min_ts, max_ts=stats.max_ts,
             seconds=round(time.perf_counter() - started, 3),

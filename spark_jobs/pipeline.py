@@ -62,11 +62,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reports", default="reports", help="folder for the evaluation JSON and Markdown")
     p.add_argument("--precompute-hours", type=int, default=3,
                    help="hourly precompute runs over the log's last hours (0: skip; needs --models)")
+    from include.cli import add_leak_override, with_leak_override
+
+    add_leak_override(p)
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
 
     from include.config import load_config
 
-    cfg = load_config(a.config)
+    cfg = with_leak_override(load_config(a.config), a)
     a.models = a.models or cfg.models.sizes
     precompute_hours = a.precompute_hours if a.models != "none" else 0
     progress = Progress(total=(4 if a.data == "synthetic" else 3) + (a.models != "none") + (precompute_hours > 0))
@@ -100,7 +103,12 @@ def main(argv: list[str] | None = None) -> int:
         source = report.source
         progress.stage(f"train the FM, autoencoder and VM variants on {source} ({a.models} sizes) and compare")
         ec = training.model_set(a.models)
-        result = training.train_all(cfg, source, ec)
+        from model.data import LeakingCandidates
+
+        try:
+            result = training.train_all(cfg, source, ec)
+        except LeakingCandidates as e:
+            p.exit(2, f"{p.prog}: error: {e}\n")
         print("\n" + training.to_markdown(result))
         paths = training.write_report(result, Path(a.reports))
         print(f"  report: {paths[0]} and {paths[1].name}; models under {cfg.lake.root_path / 'models'}")

@@ -6,7 +6,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from include.config import ClickLogConfig
-from spark_jobs.candidates import click_pools, clicks_to_requests, leak_statistics
+from spark_jobs.candidates import click_pools, clicks_to_requests, leak_statistics, pool_windows
 
 pytestmark = pytest.mark.spark
 
@@ -20,34 +20,44 @@ def clicks(spark, rows):
 
 @pytest.fixture
 def log(spark):
-    # hour 0: i1 x3, i2 x2, i3 x1; hour 1: requests that should draw from hour 0's clicks
+    # hour 0: i1 x3, i2 x2, i3 x1; hour 1: three more clicks
     hour0 = [("a", "i1", 1), ("b", "i1", 2), ("c", "i1", 3), ("a", "i2", 4), ("b", "i2", 5), ("c", "i3", 6)]
     hour1 = [("a", "i9", 61), ("b", "i1", 62), ("c", "i4", 63)]
     return clicks(spark, hour0 + hour1)
 
 
-def test_pool_is_a_sample_of_the_click_events_of_whole_hours_before(spark, log):
-    whole = {r.hour: sorted(r.pool) for r in click_pools(log, ClickLogConfig(2, 1, 6)).collect()}
+def test_pool_windows_widen_forward_only_as_far_as_the_floor_needs():
+    counts = {0: 3, 2: 1, 5: 50, 6: 2}
+    p = ClickLogConfig(min_pool_clicks=4, max_window_hours=3)
+    # at least the own hour and the next; 9: capped at 3 hours after
+    assert pool_windows(counts, [0, 2, 5, 9], p) == {0: 2, 2: 5, 5: 6, 9: 12}
+    assert pool_windows(counts, [0, 2], ClickLogConfig(min_pool_clicks=1)) == {0: 1, 2: 3}
+
+
+def test_pool_is_a_sample_of_the_click_events_of_the_hour_and_the_next(spark, log):
     h0 = int(T0.timestamp() // 3600)
-    # pool_size 6 holds hour 0's whole click stream: each item as often as it was clicked
-    assert whole[h0 + 1] == ["i1", "i1", "i1", "i2", "i2", "i3"]
-    assert h0 not in whole  # nothing before the log: no pool for its first hour
-    assert whole[h0 + 2] == ["i1", "i4", "i9"]  # hour 1's clicks only
-    small = [{r.hour: r.pool for r in click_pools(log, ClickLogConfig(2, 1, 3, seed=s)).collect()} for s in (1, 1, 2)]
-    assert small[0] == small[1] and len(small[0][h0 + 1]) == 3  # seeded: the same sample every run
-    for item in set(small[0][h0 + 1]):
-        assert small[0][h0 + 1].count(item) <= whole[h0 + 1].count(item)  # a sample of the events, no more
+    items = lambda pools: {h: sorted(e.item_id for e in pool) for h, pool in pools.items()}  # noqa: E731
+    pools = items({r.hour: r.pool for r in click_pools(log, ClickLogConfig(2, pool_size=100)).collect()})
+    # the own hour's and the next hour's clicks, each item as often as it was clicked
+    assert pools == {h0: ["i1", "i1", "i1", "i1", "i2", "i2", "i3", "i4", "i9"], h0 + 1: ["i1", "i4", "i9"]}
+    small = [{r.hour: r.pool for r in click_pools(log, ClickLogConfig(2, pool_size=3, seed=s)).collect()}
+             for s in (1, 1, 2)]
+    assert small[0] == small[1] and len(small[0][h0]) == 3  # seeded: the same sample every run
+    for item in {e.item_id for e in small[0][h0]}:
+        assert [e.item_id for e in small[0][h0]].count(item) <= pools[h0].count(item)  # a sample of the events
 
 
-def test_negatives_are_drawn_in_proportion_to_recent_clicks(spark):
-    # hour 0: i_a clicked 80 times, i_b 15, i_c 5; hour 1: 600 clicks of other items, one negative each
-    hour0 = [(f"u{n}", "i_a" if n < 80 else "i_b" if n < 95 else "i_c", n % 60) for n in range(100)]
-    hour1 = [(f"v{n}", f"x{n % 30}", 60 + n % 60) for n in range(600)]
-    rows = clicks_to_requests(clicks(spark, hour0 + hour1), ClickLogConfig(1, 1, 1000, seed=5), "s") \
-        .where((F.col("label") == 0) & (F.col("ts") >= T0 + timedelta(hours=1))).groupBy("item_id").count().collect()
-    share = {r.item_id: r["count"] / 600 for r in rows}
-    assert set(share) == {"i_a", "i_b", "i_c"}
-    assert 0.74 < share["i_a"] < 0.86 and 0.10 < share["i_b"] < 0.20 and 0.02 < share["i_c"] < 0.09
+def test_negatives_are_drawn_in_proportion_to_the_hours_clicks(spark):
+    # one hour: i_a clicked 320 times, i_b 60, i_c 20, and 600 clicks of 30 other items, one negative
+    # each (among the clicks after each request, the same proportions)
+    background = [(f"u{n}", "i_a" if n < 320 else "i_b" if n < 380 else "i_c", n % 60) for n in range(400)]
+    targets = [(f"v{n}", f"x{n % 30}", n % 60) for n in range(600)]
+    rows = clicks_to_requests(clicks(spark, background + targets), ClickLogConfig(1, pool_size=1000, seed=5), "s") \
+        .where((F.col("label") == 0) & F.col("item_id").startswith("i_")).groupBy("item_id").count().collect()
+    n = {r.item_id: r["count"] for r in rows}
+    total = sum(n.values())
+    assert set(n) == {"i_a", "i_b", "i_c"} and total > 150
+    assert 0.72 < n["i_a"] / total < 0.88 and 0.08 < n["i_b"] / total < 0.22 and 0.01 < n["i_c"] / total < 0.10
 
 
 def test_popularity_and_position_alone_do_not_separate_the_labels(spark):
@@ -55,46 +65,93 @@ def test_popularity_and_position_alone_do_not_separate_the_labels(spark):
     import numpy as np
 
     rng = np.random.default_rng(11)
-    weights = rng.pareto(1.2, 60) + 0.1
-    items = rng.choice(60, 3000, p=weights / weights.sum())
+    weights = rng.pareto(1.2, 300) + 0.1
+    items = rng.choice(300, 3000, p=weights / weights.sum())
     log = clicks(spark, [(f"u{n % 400}", f"i{it}", int(n * 180 / 3000)) for n, it in enumerate(items)])
-    requests = clicks_to_requests(log, ClickLogConfig(9, 1, 1000, seed=7), "s").where(F.col("ts") >= T0 + timedelta(hours=1))
+    requests = clicks_to_requests(log, ClickLogConfig(9, seed=7), "s").where(F.col("ts") >= T0 + timedelta(hours=1))
     leak = leak_statistics(requests, log)
     assert 0.40 <= leak["popularity_auc"] <= 0.65, leak
+    assert 0.40 <= leak["recent_click_auc"] <= 0.65, leak
     assert 0.45 <= leak["position_auc"] <= 0.55, leak
 
 
+def sparse_log(spark, hours=48, per_hour=8, items=20_000, seed=3):
+    """A sparse click log: a long tail of items, a handful of clicks an hour, most items clicked once."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    weights = 1.0 / np.arange(1, items + 1) ** 0.6
+    rows = []
+    for h in range(hours):
+        for _ in range(rng.poisson(per_hour)):
+            rows.append((f"u{rng.integers(300)}", f"i{rng.choice(items, p=weights / weights.sum())}",
+                         h * 60 + int(rng.integers(60))))
+    return clicks(spark, rows)
+
+
+def test_a_sparse_log_does_not_give_the_label_away(spark):
+    """On a sparse log the clicked item rarely had a click in the hour before; a negative drawn from
+    the clicks *before* the request (an earlier form of this generator) always had one (AUC 0.26 as
+    of the request on such a log). Negatives drawn from the clicks after it keep every statistic near 0.5."""
+    log = sparse_log(spark)
+    leak = leak_statistics(clicks_to_requests(log, ClickLogConfig(), "s"), log)
+    assert 0.40 <= leak["popularity_auc"] <= 0.65, leak
+    assert 0.40 <= leak["recent_click_auc"] <= 0.65, leak
+    assert 0.45 <= leak["position_auc"] <= 0.55, leak
+
+
+def test_the_first_form_gives_the_label_away_on_a_sparse_log_and_the_check_says_so(spark):
+    """``pool = "before"`` (negatives from the hour before each click) on the same sparse log: the
+    statistics fall far outside the band, which is what makes training refuse such a source."""
+    log = sparse_log(spark)
+    leak = leak_statistics(clicks_to_requests(log, ClickLogConfig(pool="before"), "s"), log)
+    assert leak["popularity_auc"] < 0.40 and leak["recent_click_auc"] < 0.40, leak
+
+
+def test_negatives_are_never_the_users_own_clicks(spark):
+    rows = [(f"u{n % 3}", f"i{n}", n % 60) for n in range(30)]  # three users, ten items each, one hour
+    out = clicks_to_requests(clicks(spark, rows), ClickLogConfig(5, seed=2), "s").collect()
+    mine = {}
+    for user, item, _ in rows:
+        mine.setdefault(user, set()).add(item)
+    negatives = [(r.user_id, r.item_id) for r in out if r.label == 0]
+    assert len(negatives) > 60 and all(item not in mine[user] for user, item in negatives)
+
+
 def test_each_click_is_one_request_with_one_positive(spark, log):
-    rows = clicks_to_requests(log, ClickLogConfig(2, 1, 6, seed=1), "syn").collect()
+    rows = clicks_to_requests(log, ClickLogConfig(2, pool_size=100, seed=1), "syn").collect()
     by_request = {}
     for r in rows:
         by_request.setdefault(r.request_id, []).append(r)
     assert len(by_request) == 9
+    clicked_at = {(u, i): T0 + timedelta(minutes=m) for u, i, m in
+                  [("a", "i1", 1), ("b", "i1", 2), ("c", "i1", 3), ("a", "i2", 4), ("b", "i2", 5), ("c", "i3", 6),
+                   ("a", "i9", 61), ("b", "i1", 62), ("c", "i4", 63)]}
     for rid, cands in by_request.items():
         assert sum(c.label for c in cands) == 1
-        assert sorted(c.position for c in cands) == list(range(len(cands)))
+        positions = [c.position for c in cands]
+        assert len(set(positions)) == len(cands) and set(positions) <= set(range(3))  # slots of a full list of K + 1
         assert len({c.item_id for c in cands}) == len(cands)
         clicked = rid.split(":")[-1]
         assert [c.item_id for c in cands if c.label == 1] == [clicked]
-    hour1 = {rid: c for rid, c in by_request.items() if c[0].ts >= T0 + timedelta(hours=1)}
-    assert len(hour1) == 3
-    for rid, cands in hour1.items():
-        assert len(cands) == 3  # the click plus K=2 negatives
-        negatives = {c.item_id for c in cands if c.label == 0}
-        assert negatives <= {"i1", "i2", "i3"}  # drawn from hour 0's clicks only
-    hour0 = [c for rid, c in by_request.items() if c[0].ts < T0 + timedelta(hours=1)]
-    assert all(len(c) == 1 for c in hour0)  # no preceding window: the click alone
+        user, ts = cands[0].user_id, cands[0].ts
+        for c in cands:
+            if c.label == 0:  # a click of another user after the request, of an item this user did not click
+                assert any(t > ts and u != user for (u, i), t in clicked_at.items() if i == c.item_id), (rid, c.item_id)
+                mine = clicked_at.get((user, c.item_id))
+                assert mine is None or mine.hour not in (ts.hour, ts.hour + 1)  # not this user's click of the hours
+    assert sum(len(c) - 1 for c in by_request.values()) >= 4
 
 
 def test_same_seed_same_requests_other_seed_differs(spark):
     hour0 = [(f"u{n}", f"i{n % 20}", n % 60) for n in range(200)]
     hour1 = [(f"u{n}", f"i{n % 7}", 60 + n % 60) for n in range(50)]
     df = clicks(spark, hour0 + hour1)
-    p = ClickLogConfig(5, 1, 15, seed=3)
+    p = ClickLogConfig(5, pool_size=15, seed=3)
     cols = ["request_id", "item_id", "position", "label", "ts"]
     a = clicks_to_requests(df, p, "s").select(cols).orderBy(cols).collect()
     b = clicks_to_requests(df, p, "s").select(cols).orderBy(cols).collect()
-    c = clicks_to_requests(df, ClickLogConfig(5, 1, 15, seed=4), "s").select(cols).orderBy(cols).collect()
+    c = clicks_to_requests(df, ClickLogConfig(5, pool_size=15, seed=4), "s").select(cols).orderBy(cols).collect()
     assert a == b
     assert a != c
     # the clicked item's slot is spread over positions, so position does not give the label away
@@ -102,16 +159,18 @@ def test_same_seed_same_requests_other_seed_differs(spark):
     assert len(slots) >= 4
 
 
-def test_prior_clicks_make_incremental_ingest_match_whole(spark, log):
-    p = ClickLogConfig(2, 1, 6, seed=1)
+def test_a_log_split_into_overlapping_inputs_draws_what_the_whole_log_draws(spark, log):
+    """Two files over the same hours (Globo's session files): the second, given the first's clicks,
+    draws its requests' candidates from the same pools as the whole log."""
+    p = ClickLogConfig(2, pool_size=6, seed=1)
     cols = ["request_id", "item_id", "position", "label"]
-    whole = clicks_to_requests(log, p, "s").where(F.col("ts") >= T0 + timedelta(hours=1)).select(cols).orderBy(cols).collect()
-    first, second = log.where(F.col("ts") < T0 + timedelta(hours=1)), log.where(F.col("ts") >= T0 + timedelta(hours=1))
-    incremental = clicks_to_requests(second, p, "s", prior_clicks=first).select(cols).orderBy(cols).collect()
-    assert incremental == whole
+    whole = clicks_to_requests(log, p, "s").where(F.col("user_id") == "c").select(cols).orderBy(cols).collect()
+    first, second = log.where(F.col("user_id") != "c"), log.where(F.col("user_id") == "c")
+    split = clicks_to_requests(second, p, "s", prior_clicks=first).select(cols).orderBy(cols).collect()
+    assert split == whole and any(r.label == 0 for r in split)
 
 
-@pytest.mark.parametrize("kwargs", [dict(negatives_per_click=-1), dict(window_hours=0),
+@pytest.mark.parametrize("kwargs", [dict(negatives_per_click=-1), dict(min_pool_clicks=0), dict(max_window_hours=0), dict(pool="around"),
                                     dict(negatives_per_click=10, pool_size=5)])
 def test_bad_params_are_rejected(kwargs):
     with pytest.raises(ValueError):

@@ -2,7 +2,7 @@ import re
 
 import pytest
 
-from include.config import ConfigError, SolarisConfig, load_config
+from include.config import ClickLogConfig, ConfigError, SolarisConfig, load_config
 
 
 def test_defaults_run_the_embedded_setup():
@@ -19,7 +19,7 @@ def test_toml_overrides_and_env_wins(tmp_path):
     cfg = load_config(f, env={"SOLARIS_SPARK_MASTER": "spark://10.0.0.1:7077"})
     assert cfg.lake.root == "/data/lake"
     assert cfg.clicklog.negatives_per_click == 4
-    assert cfg.clicklog.window_hours == 1  # untouched default
+    assert cfg.clicklog.min_pool_clicks == ClickLogConfig().min_pool_clicks  # untouched default
     assert cfg.spark.master == "spark://10.0.0.1:7077"
     assert cfg.spark.extra == {"spark.executor.memory": "8g"}
     assert load_config(f, env={"SOLARIS_LAKE_ROOT": "/x"}).lake.root == "/x"

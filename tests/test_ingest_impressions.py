@@ -75,7 +75,8 @@ def test_a_log_quarantined_whole_for_one_reason_says_what_to_try(spark, make_cfg
     report = ii.ingest(spark, cfg, str(path), ii.spec_from_args(ii.parse_args(["--input", str(path)])))
     assert report.quarantined == 5 and report.request_rows == 0
     lines = "\n".join(report.lines(cfg.lake.database))
-    assert "every record was quarantined as 'timestamp outside" in lines and "try --ts-unit s" in lines
+    assert "every record was quarantined as 'timestamp looks like seconds read as milliseconds" in lines
+    assert "try --ts-unit s" in lines
     fixed = ii.ingest(spark, cfg, str(path), ii.spec_from_args(ii.parse_args(["--input", str(path), "--ts-unit", "s"])))
     assert (fixed.request_rows, fixed.quarantined) == (5, 0)
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from model import data as mdata
-from model import registry, training
+from model import baselines, registry, training
 from model.fm import FMConfig, FoundationModel
 
 from tests.conftest import TINY, copy_lake
@@ -63,6 +63,19 @@ def test_every_variant_trains_and_is_reported(tiny_lake, trained):
     kd_line = next(line for line in md.splitlines() if line.startswith("| VM + KD"))
     assert ("n/a: FM not better" in kd_line) == (not result["fm_beats_vm"])
     assert f"paired bootstrap over the {w['test']['requests']:,} test requests" in md
+    # the baselines every user understands, on the same test rows, with their intervals against the VM
+    base = {r["model"]: r for r in result["baselines"]}
+    assert list(base) == [baselines.POPULARITY, baselines.MF] and base[baselines.MF]["params"] > 0
+    for r in base.values():
+        assert r["ne_ci"][0] <= r["ne"] <= r["ne_ci"][1] and r["ne_vs_vm_pct_ci"][0] <= r["ne_vs_vm_pct"] <= r["ne_vs_vm_pct_ci"][1]
+        line = next(line for line in md.splitlines() if line.startswith(f"| {r['model']} |"))
+        assert line.endswith("|  |")  # a baseline has no transfer ratio
+
+
+def test_the_popularity_baseline_is_the_smoothed_item_rate():
+    rate = baselines.item_rate(["a", "a", "a", "b"], [1, 1, 0, 0], ["a", "b", "new"], prior_rows=2.0)
+    base = 0.5
+    assert rate == pytest.approx([(2 + 2 * base) / (3 + 2), (0 + 2 * base) / (1 + 2), base])
 
 
 def test_empty_window_is_a_clear_error(tiny_lake):
