@@ -36,7 +36,7 @@ from pyspark.sql import functions as F
 
 from feature_store.resolution import TIERS
 from include.config import MODEL_SIZES
-from feature_store.tables import MISS_QUEUE, PRECOMPUTE_RUNS, REQUEST_FEATURES, qualified_name
+from feature_store.tables import PRECOMPUTE_RUNS, REQUEST_FEATURES, qualified_name
 from spark_jobs.ingest import add_clicklog_arguments, clicklog_arguments
 
 
@@ -115,7 +115,9 @@ def point_stats(spark, pcfg, w: ReplayWindow) -> dict:
             .where(F.col("interval_end").between(F.lit(w.start), F.lit(w.end))).orderBy("interval_end")
             .select("interval_end", "pairs_considered", "pairs_scored", "pairs_selected", "already_fresh",
                     "pairs_embedded", "queue_in", "queue_waiting").collect())
-    queue = spark.table(qualified_name(MISS_QUEUE, db)).groupBy("origin").agg(
+    from spark_jobs import miss_queue
+
+    queue = miss_queue.with_consumption(spark, db).groupBy("origin").agg(
         F.count("*").alias("pairs"), F.count("consumed_by_run").alias("consumed")).collect()
     return {"hourly": [{"hour": h, **hourly[h]} for h in sorted(hourly)],
             "cycles": [r.asDict() for r in runs],
@@ -192,7 +194,7 @@ def run(spark, cfg, source: str, w: ReplayWindow, budgets: list[float], ttls: li
             | {"train_until": w.train_until}, "main": main.name, "points": results, "variants": variants,
             "initial_models": initial, "consumers": consumers,
             "lookup_ms": latency, "seed": eval_config.vm_train.seed, "seeds": list(eval_config.seeds), "seconds": round(time.perf_counter() - t0, 1),
-            "reference": training.REFERENCE}
+            "reference": training.REFERENCE, "leaking_candidates": trained.get("leaking_candidates", [])}
 
 
 def consumer_tables(cfg, rows, w: ReplayWindow, fm, ae, fm_vocab, source, eval_config, main_variants,
@@ -244,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="train every VM variant with this many seeds (seed, seed + 1, ...); intervals cover them")
     p.add_argument("--reports", default="reports", help="the report goes to <reports>/replay_<source>/")
     p.add_argument("--config", help="SOLARIS TOML config")
+    from include.cli import add_leak_override, with_leak_override
+
+    add_leak_override(p)
     p.set_defaults(synthetic_hours=None)  # the window's world unless given
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
     if a.synthetic_hours is None:
@@ -268,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--sample-fraction applies to click logs (globo, clicklog), not to {a.data}")
     if not a.skip_ingest and not a.input and a.data != "synthetic":
         p.error(f"--input is required for --data {a.data}")
-    cfg = load_config(a.config)
+    cfg = with_leak_override(load_config(a.config), a)
     from include.spark import get_spark
 
     spark = get_spark(cfg)

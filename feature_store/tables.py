@@ -138,6 +138,8 @@ INGEST_RUNS = TableSpec(
         ("finished_at", "TIMESTAMP", "when the run committed, UTC"),
         ("popularity_auc", "DOUBLE", "generated candidates: AUC of the item's clicks in the prior hour alone; 0.5 no leak"),
         ("position_auc", "DOUBLE", "generated candidates: AUC of the position alone; 0.5 no leak"),
+        ("recent_click_auc", "DOUBLE", "generated candidates: AUC of the item having any click in the 24 h before alone; 0.5 no leak"),
+        ("candidates", "STRING", "generated (a click log: SOLARIS drew the negatives; the leak check judges them) or logged"),
         ("events_already_present", "BIGINT", "events of the input already in user_events from another input (kept once)"),
     ),
     primary_key=("run_id",),
@@ -182,13 +184,28 @@ VERIFIER_SCORES = TableSpec(
 
 MISS_QUEUE = TableSpec(
     name="miss_queue",
-    description="Pairs requested but not found at serving; the next precompute run includes them.",
+    description="Pairs requested but not found at serving (append-only); the next precompute run includes them.",
     columns=(
         ("user_id", "STRING", "source user id"),
         ("item_id", "STRING", "source item id"),
         ("requested_at", "TIMESTAMP", "when the lookup missed, UTC"),
         ("origin", "STRING", "who recorded the miss: 'lookup' or 'replay'"),
-        ("consumed_by_run", "STRING", "precompute run that took the pair in; NULL while waiting"),
+        # Consumption is recorded in miss_consumption: a MERGE here by precompute conflicted with the
+        # lookup's appends. Rows of lakes written before that keep the run they were marked with.
+        ("consumed_by_run", "STRING", "NULL; in older rows, the precompute run that took the pair in"),
+    ),
+    primary_key=("user_id", "item_id", "requested_at"),
+)
+
+MISS_CONSUMPTION = TableSpec(
+    name="miss_consumption",
+    description="Which precompute run took in each queued miss; written by precompute alone, so the "
+                "lookup's appends to miss_queue never conflict with it.",
+    columns=(
+        ("user_id", "STRING", "source user id"),
+        ("item_id", "STRING", "source item id"),
+        ("requested_at", "TIMESTAMP", "the miss_queue row's request time"),
+        ("consumed_by_run", "STRING", "precompute run that took the pair in"),
     ),
     primary_key=("user_id", "item_id", "requested_at"),
 )
@@ -364,7 +381,7 @@ COVERAGE_SWEEP = TableSpec(
 )
 
 ALL_TABLES: tuple[TableSpec, ...] = (REQUEST_LOG, USER_EVENTS, ITEMS, TRUTH, REQUEST_LOG_QUARANTINE, INGEST_RUNS,
-                                     PAIR_EMBEDDINGS, VERIFIER_SCORES, MISS_QUEUE, PRECOMPUTE_RUNS,
+                                     PAIR_EMBEDDINGS, VERIFIER_SCORES, MISS_QUEUE, MISS_CONSUMPTION, PRECOMPUTE_RUNS,
                                      USER_EMBEDDING_SUMS, USER_MEAN_EMBEDDINGS, ITEM_EMBEDDING_SUMS, ITEM_MEAN_EMBEDDINGS,
                                      USER_NEIGHBORS, FEATURE_VERSIONS,
                                      REQUEST_FEATURES, COVERAGE_REPORT, COVERAGE_SWEEP)

@@ -18,11 +18,11 @@ from datetime import datetime, timedelta
 
 from pyspark.sql import functions as F
 
-from feature_store.tables import (ITEMS, MISS_QUEUE, PAIR_EMBEDDINGS, PRECOMPUTE_RUNS, REQUEST_LOG, USER_EVENTS,
+from feature_store.tables import (ITEMS, MISS_CONSUMPTION, MISS_QUEUE, PAIR_EMBEDDINGS, PRECOMPUTE_RUNS, REQUEST_LOG, USER_EVENTS,
                                   VERIFIER_SCORES, conform, ensure_tables, in_time_range, qualified_name)
 from feature_store import lake
 from include.cli import run_at_time
-from spark_jobs import embed_pairs, speculate
+from spark_jobs import embed_pairs, miss_queue, speculate
 
 
 @dataclass(frozen=True)
@@ -75,15 +75,15 @@ def run(spark, cfg, t: datetime) -> RunCounters:
     interface.vm_class(registry.stored_class(models["vm"]), cfg.allowed_classes)
     fm_version = f"fm/{models['fm'].rsplit('/', 1)[-1]}+autoencoder/{models['autoencoder'].rsplit('/', 1)[-1]}"
     run_id = lake.run_id(t)
-    specs = (REQUEST_LOG, USER_EVENTS, ITEMS, PAIR_EMBEDDINGS, VERIFIER_SCORES, MISS_QUEUE, PRECOMPUTE_RUNS)
+    specs = (REQUEST_LOG, USER_EVENTS, ITEMS, PAIR_EMBEDDINGS, VERIFIER_SCORES, MISS_QUEUE, MISS_CONSUMPTION,
+             PRECOMPUTE_RUNS)
     ensure_tables(spark, cfg, specs)
     lap("setup")
     name = {s.name: qualified_name(s, db) for s in specs}
 
     window = in_time_range(spark.table(name["request_log"]), start, t)
     # Waiting misses, plus those this same run took in before (a rerun must see the same queue).
-    queue = spark.table(name["miss_queue"]).where(
-        (F.col("requested_at") < F.lit(t)) & (F.col("consumed_by_run").isNull() | (F.col("consumed_by_run") == run_id)))
+    queue = miss_queue.waiting(spark, db, before=t, run_id=run_id)
     stored = spark.table(name["pair_embeddings"])
     # Fresh = computed before t and still valid after it. Rows computed at t are this run's own
     # (from an earlier attempt at the same interval); counting them would make a rerun differ.
@@ -118,13 +118,7 @@ def run(spark, cfg, t: datetime) -> RunCounters:
         rows.unpersist()
     lap("embed+merge")
 
-    from delta.tables import DeltaTable
-
-    queue_keys = audit.where(F.col("origin") == "miss_queue").select("user_id", "item_id").distinct()
-    (DeltaTable.forName(spark, name["miss_queue"]).alias("q")
-     .merge(queue_keys.alias("s"), f"q.user_id = s.user_id AND q.item_id = s.item_id "
-                                   f"AND q.requested_at < '{t}' AND q.consumed_by_run IS NULL")
-     .whenMatchedUpdate(set={"consumed_by_run": F.lit(run_id)}).execute())
+    miss_queue.consume(spark, cfg, queue, audit.where(F.col("origin") == "miss_queue"), run_id)
 
     lap("miss queue")
     expired = expire(spark, cfg, t)
@@ -134,7 +128,7 @@ def run(spark, cfg, t: datetime) -> RunCounters:
                               & (F.col("fresh_until") > F.lit(t + timedelta(minutes=pc.fresh_margin_minutes)))
                               ).cast("int")).alias("fresh"),
                        F.sum((F.col("origin") == "miss_queue").cast("int")).alias("queue_in")).first()
-    waiting = spark.table(name["miss_queue"]).where(F.col("consumed_by_run").isNull()).count()
+    waiting = miss_queue.waiting(spark, db).count()
     counters = RunCounters(run_id=run_id, interval_start=start, interval_end=t,
                            pairs_considered=counts.scored, pairs_scored=counts.scored,
                            pairs_selected=counts.selected or 0, already_fresh=counts.fresh or 0,

@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 from include.cli import parse_time
 from include.config import PrecomputeConfig
 from model import registry
-from spark_jobs import backfill, embed_pairs, precompute, speculate
+from spark_jobs import backfill, embed_pairs, miss_queue, precompute, speculate
 from tests.conftest import TINY, copy_lake, free_port
 
 pytestmark = pytest.mark.spark
@@ -94,9 +94,57 @@ def test_next_run_skips_fresh_pairs_and_takes_in_the_miss_queue(spark, lake):
     assert c.queue_in == 2
     emb = {(r.user_id, r.item_id) for r in tbl(spark, lake, "pair_embeddings").where(F.col("run_id") == c.run_id).collect()}
     assert (user, "i_never_shown") in emb and ("u_cold", "i1") in emb  # queued pairs are always computed
-    q = {(r.user_id, r.item_id): r.consumed_by_run for r in tbl(spark, lake, "miss_queue").collect()}
+    q = {(r.user_id, r.item_id): r.consumed_by_run
+         for r in miss_queue.with_consumption(spark, lake.lake.database).collect()}
     assert q[(user, "i_never_shown")] == q[("u_cold", "i1")] == c.run_id
     assert q[(user, "i2")] is None and c.queue_waiting >= 1
+    # miss_queue itself is never rewritten: consumption is recorded beside it
+    assert tbl(spark, lake, "miss_queue").where(F.col("consumed_by_run").isNotNull()).count() == 0
+    again = precompute.run(spark, lake, t2)  # a rerun takes in the same queue and records the same
+    assert again.queue_in == 2 and {(r.user_id, r.item_id): r.consumed_by_run for r in
+                                    miss_queue.with_consumption(spark, lake.lake.database).collect()} == q
+
+
+def test_a_lookup_flushing_misses_during_a_run_never_fails_it(spark, lake_root, base_lake):
+    """The lookup appends to miss_queue every few seconds; precompute, running at the same time,
+    still finishes, records its counters and takes in the queue (its consumption once conflicted
+    with every append that landed during the run)."""
+    import threading
+
+    from feature_store.online import MissRecorder
+    from feature_store.tables import MISS_QUEUE, ensure_tables
+
+    from tests.conftest import _test_config
+
+    lake = copy_lake(spark, base_lake, _test_config(lake_root / "precompute_race", database="t_precompute_race")
+                     .with_overrides(precompute={"lookback_hours": 3, "trending_items": 5, "recent_items_per_user": 5},
+                                     models={"device": "cpu"}))
+    ensure_tables(spark, lake, (MISS_QUEUE,))  # the flusher never creates it
+    t3 = T + timedelta(hours=2)
+    recorder = MissRecorder(lake.lake.tables_path, flush_seconds=0.05).start()
+    stop = threading.Event()
+
+    def traffic():
+        n = 0
+        while not stop.is_set():
+            recorder.add("u_busy", [f"i_busy{n}"], t3 - timedelta(minutes=30))
+            n += 1
+            time.sleep(0.02)
+
+    feeder = threading.Thread(target=traffic, daemon=True)
+    feeder.start()
+    try:
+        c = precompute.run(spark, lake, t3)
+    finally:
+        stop.set()
+        feeder.join(5)
+        recorder.stop()
+    assert recorder.flushed > 20 and recorder.flush_errors == 0  # appends kept landing during the run
+    runs = tbl(spark, lake, "precompute_runs").where(F.col("run_id") == c.run_id).count()
+    assert runs == 1 and c.queue_in > 0
+    taken = {r.consumed_by_run for r in miss_queue.with_consumption(spark, lake.lake.database)
+             .where(F.col("user_id") == "u_busy").collect()}
+    assert c.run_id in taken
 
 
 def test_expired_rows_are_removed_and_never_counted_fresh(spark, lake):
@@ -199,12 +247,13 @@ def test_flipped_bytes_inside_a_page_fail_the_load_instead_of_being_served(spark
 
 def _flip_a_byte_inside_a_page(table_dir: Path, column_prefix: str) -> str:
     """Flip one byte in the middle of ``column_prefix``'s first column chunk (its pages) in the
-    table's largest data file (partition folders included); the file's path."""
+    table's largest data file (partition folders included, the log's checkpoints not); the file's path."""
     import glob
 
     import pyarrow.parquet as pq
 
-    path = max(glob.glob(str(table_dir / "**" / "*.parquet"), recursive=True), key=lambda f: Path(f).stat().st_size)
+    files = [f for f in glob.glob(str(table_dir / "**" / "*.parquet"), recursive=True) if "_delta_log" not in f]
+    path = max(files, key=lambda f: Path(f).stat().st_size)  # a data file, never a log checkpoint
     meta = pq.ParquetFile(path).metadata.row_group(0)
     column = next(meta.column(i) for i in range(meta.num_columns) if meta.column(i).path_in_schema.startswith(column_prefix))
     data = bytearray(Path(path).read_bytes())

@@ -201,7 +201,9 @@ def test_misses_are_queued_and_taken_in_by_later_cycles(replayed):
     rows = served(point_cfg(cfg, MAIN))
     missed = rows[rows["tier"] != "exact"]
     assert set(q["origin"]) == {"replay"} and len(q) == len(missed.drop_duplicates(["user_id", "item_id", "ts"]))
-    assert p["miss_queue"]["replay"]["pairs"] == len(q) and q["consumed_by_run"].notna().any()
+    taken = DeltaTable(str(point_cfg(cfg, MAIN).lake.table_path("miss_consumption"))).to_pandas()
+    assert p["miss_queue"]["replay"]["pairs"] == len(q) and len(taken) > 0 and q["consumed_by_run"].isna().all()
+    assert p["miss_queue"]["replay"]["consumed"] == len(taken)
     assert sum(c["queue_in"] for c in p["cycles"][1:]) > 0
 
 
