@@ -266,6 +266,51 @@ def build_app(store, metrics: Metrics, max_items: int = 1000, max_body_bytes: in
     return app
 
 
+# Bounds on a request's head, checked on the raw bytes before the parser sees them: the parser
+# (and uvicorn's URL accumulation) would otherwise keep growing buffers for a client that streams
+# an endless request line or header, burning a worker's CPU while every other client waits.
+MAX_REQUEST_LINE = 8192  # bytes of "METHOD URL HTTP/1.1": 414 beyond it
+MAX_HEADER_LINE = 8192  # bytes of one header line: 431 beyond it
+MAX_HEADERS = 100  # header lines per request: 431 beyond it
+HEAD_REFUSALS = {414: (b"414 URI Too Long", "request line over {} bytes".format(MAX_REQUEST_LINE)),
+                 431: (b"431 Request Header Fields Too Large",
+                       f"a header line over {MAX_HEADER_LINE} bytes or more than {MAX_HEADERS} headers")}
+
+
+class HeadLimits:
+    """Line lengths and count of one request head, fed the raw bytes as they arrive; ``feed``
+    returns the status to refuse with (414, 431) or None. Linear in the bytes: each byte is looked
+    at once, whatever the chunking."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.in_head, self.lines, self.line = True, 0, 0
+
+    def feed(self, data: bytes) -> int | None:
+        pos = 0
+        while self.in_head:
+            nl = data.find(b"\n", pos)
+            if nl < 0:
+                self.line += len(data) - pos
+                return self._over(self.line)
+            length, pos, self.line = self.line + nl - pos, nl + 1, 0
+            if length <= 1:  # "\r\n": a blank line ends the head; before the request line it is skipped
+                self.in_head = self.lines == 0
+                continue
+            self.lines += 1
+            over = self._over(length)
+            if over or self.lines > MAX_HEADERS + 1:
+                return over or 431
+        return None
+
+    def _over(self, length: int) -> int | None:
+        if self.lines == 0:
+            return 414 if length > MAX_REQUEST_LINE else None
+        return 431 if length > MAX_HEADER_LINE else None
+
+
 def deadline_protocol(request_timeout: float):
     """uvicorn's httptools protocol with a deadline on every request: from a connection's first byte
     (and from each kept-alive request's first byte) to its last, at most ``request_timeout``
@@ -279,7 +324,19 @@ def deadline_protocol(request_timeout: float):
 
         def connection_made(self, transport):
             super().connection_made(transport)
+            self._limits = HeadLimits()
             self._arm()
+
+        def data_received(self, data):
+            refuse = self._limits.feed(data) if self._limits.in_head else None
+            if refuse is None:
+                super().data_received(data)
+                return
+            status, message = HEAD_REFUSALS[refuse]
+            body = _dumps({"error": message})
+            self.transport.write(b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\nconnection: close\r\n"
+                                 + b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            self.transport.close()
 
         def _arm(self):
             self._disarm()
@@ -301,6 +358,7 @@ def deadline_protocol(request_timeout: float):
 
         def on_message_complete(self):
             self._disarm()
+            self._limits.reset()  # a kept-alive connection's next request has a head of its own
             super().on_message_complete()
 
         def connection_lost(self, exc):

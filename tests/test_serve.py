@@ -588,3 +588,62 @@ def test_workers_must_be_a_sane_count():
 
     with pytest.raises(ConfigError, match="workers"):
         ServeConfig(workers=0)
+
+
+def test_head_limits_count_lines_once_whatever_the_chunking():
+    from feature_store.serve import MAX_HEADER_LINE, MAX_HEADERS, MAX_REQUEST_LINE, HeadLimits
+
+    def fed(*chunks):
+        h = HeadLimits()
+        return [h.feed(c) for c in chunks]
+
+    ok = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    assert fed(ok) == [None] and fed(*[ok[i:i + 1] for i in range(len(ok))]) == [None] * len(ok)
+    assert fed(b"GET /" + b"a" * MAX_REQUEST_LINE) == [414]
+    assert fed(b"GET /" + b"a" * 4000, b"a" * 4000, b"a" * 4000) == [None, None, 414]
+    assert fed(b"GET / HTTP/1.1\r\nX: " + b"v" * MAX_HEADER_LINE) == [431]
+    assert fed(b"GET / HTTP/1.1\r\n" + b"X: y\r\n" * (MAX_HEADERS + 1)) == [431]
+    assert fed(b"GET / HTTP/1.1\r\n" + b"X: y\r\n" * MAX_HEADERS + b"\r\n" + b"b" * 100_000) == [None]  # a body is no header
+    h = HeadLimits()
+    assert h.feed(b"\r\nGET / HTTP/1.1\r\n\r\n") is None and not h.in_head  # a leading blank line is skipped
+
+
+def test_an_endless_request_line_or_header_is_refused_and_healthz_stays_fast(strict_server):
+    """Clients streaming an endless request line or header get 414 / 431 after a few kilobytes and
+    the connection closed; meanwhile /healthz answers as fast as it does alone."""
+    import socket
+
+    assert raw(strict_server, b"GET /" + b"a" * 20_000).startswith(b"HTTP/1.1 414")
+    out = raw(strict_server, b"GET /healthz HTTP/1.1\r\nX-Bomb: " + b"a" * 20_000)
+    assert out.startswith(b"HTTP/1.1 431") and b"header line over" in out
+    assert raw(strict_server, b"GET /healthz HTTP/1.1\r\n" + b"X: y\r\n" * 200 + b"\r\n").startswith(b"HTTP/1.1 431")
+    host, port = strict_server.socket.getsockname()[:2]
+    stop, refused = threading.Event(), []
+
+    def attack():
+        while not stop.is_set():
+            try:
+                with socket.create_connection((host, port), timeout=2) as s:
+                    s.sendall(b"GET /healthz HTTP/1.1\r\nX-Bomb: ")
+                    while not stop.is_set():
+                        s.sendall(b"a" * 1024)
+            except OSError:
+                refused.append(1)  # answered 431 and closed: the attacker starts over
+
+    attackers = [threading.Thread(target=attack, daemon=True) for _ in range(8)]
+    for t in attackers:
+        t.start()
+    try:
+        slowest = 0.0
+        with LookupClient(strict_server.url, binary=False) as c:
+            for _ in range(30):
+                started = time.perf_counter()
+                code, _, _ = c.request("GET", "/healthz")
+                slowest = max(slowest, time.perf_counter() - started)
+                assert code == 200
+    finally:
+        stop.set()
+        for t in attackers:
+            t.join(5)
+    assert refused, "the attackers were never cut off"
+    assert slowest < 1.0, f"/healthz took {slowest:.2f} s under the attack"
