@@ -205,8 +205,8 @@ SHARED_METASTORE_KEYS = ("spark.hadoop.javax.jdo.option.ConnectionURL", "spark.h
 
 
 def relocate_tables(spark, cfg: SolarisConfig, old_root: Path) -> list[str]:
-    """Point the entries of tables that lie under ``old_root`` at the same relative place under this
-    lake's root, where the data exists there.
+    """Point the entries of tables that lie outside this lake's root at this lake's folder of the
+    table (or the same relative place under this root as under ``old_root``), where the data exists.
 
     The embedded metastore travels inside the lake folder and records absolute paths: after
     ``cp -r lake lake2`` (or a move) every name in lake2's catalog still points into ``lake``, so a
@@ -228,9 +228,14 @@ def relocate_tables(spark, cfg: SolarisConfig, old_root: Path) -> list[str]:
         name = f"{db}.{row.tableName}"
         info = {r.col_name: r.data_type for r in spark.sql(f"DESCRIBE TABLE EXTENDED {name}").collect()}
         at = local_path(info.get("Location") or "")
-        if not at.is_relative_to(old_root) or at.is_relative_to(root):
+        if at.is_relative_to(root):
             continue
-        target = root / at.relative_to(old_root)
+        # This lake's own folder of the table, whatever chain of copies the entry came through (in a
+        # copy of a copy the entry points into the first copy, not under the database's old root);
+        # else the same relative place under this root as under the old one.
+        target = cfg.lake.table_path(row.tableName)
+        if not (target / "_delta_log").is_dir() and at.is_relative_to(old_root):
+            target = root / at.relative_to(old_root)
         if not (target / "_delta_log").is_dir():
             missing.append(f"{name} ({at})")
             continue

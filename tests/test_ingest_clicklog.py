@@ -36,12 +36,14 @@ def test_synthetic_log_lands_as_requests(spark, make_cfg, tmp_path):
     per_request = {r.request_id: r["count"] for r in rl.groupBy("request_id").count().collect()}
     assert max(per_request.values()) == 5  # the click plus K=4
     first_hour_ms = H0 + 3_600_000
-    assert all(c == 1 for rid, c in per_request.items() if int(rid.split(":")[2]) < first_hour_ms)
+    # the log's first hour draws from its own clicks: no earlier hour is needed
+    assert any(c > 1 for rid, c in per_request.items() if int(rid.split(":")[2]) < first_hour_ms)
     assert {r.hour for r in rl.select("hour").distinct().collect()} == set(range(6))
     # the leak check ran on the generated candidates, is recorded with the run and printed
     run = table(spark, cfg, "ingest_runs").collect()[0]
-    assert (run.popularity_auc, run.position_auc) == (report.popularity_auc, report.position_auc)
-    assert 0 < report.popularity_auc < 1 and 0 < report.position_auc < 1
+    assert (run.popularity_auc, run.recent_click_auc, run.position_auc) == \
+        (report.popularity_auc, report.recent_click_auc, report.position_auc)
+    assert 0 < report.popularity_auc < 1 and 0 < report.recent_click_auc < 1 and 0 < report.position_auc < 1
     assert any(line.startswith("  leak check, single-feature AUC") for line in report.lines(cfg.lake.database))
 
 
@@ -88,6 +90,13 @@ def test_a_catalog_that_came_with_a_copied_lake_is_repointed_or_refused(spark, m
     assert DeltaTable(str(orig.lake.table_path("items"))).to_pandas()["item_id"].tolist() == ["i1"]  # untouched
     runs = spark.sql(f"DESCRIBE TABLE EXTENDED {orig.lake.database}.ingest_runs").collect()
     assert str(orig.lake.table_path("ingest_runs")) in next(r.data_type for r in runs if r.col_name == "Location")
+    # a copy of the copy: the entries now point into the first copy, not under the database's old root
+    third = orig.with_overrides(lake={"root": str(tmp_path / "third")})
+    shutil.copytree(here.lake.table_path("items"), third.lake.table_path("items"))
+    ensure_database(spark, third)
+    lake.upsert(spark, third, ITEMS, spark.createDataFrame([("i3", "arts", None, None, "s")], ITEMS.schema()))
+    assert DeltaTable(str(third.lake.table_path("items"))).to_pandas()["item_id"].sort_values().tolist() == ["i1", "i2", "i3"]
+    assert DeltaTable(str(here.lake.table_path("items"))).to_pandas()["item_id"].sort_values().tolist() == ["i1", "i2"]
 
 
 @pytest.fixture
@@ -99,7 +108,8 @@ def dirty_log(tmp_path):
         "u2,,1767571260000,1,0,3,1": "missing item_id",
         "u3,i1,,1,0,3,1": "missing timestamp",
         "u4,i1,yesterday,1,0,3,1": "unparsable timestamp (ms): yesterday",
-        "u5,i1,100,1,0,3,1": "timestamp outside [2000-01-01T00:00:00, 2100-01-01T00:00:00): 1970-01-01 00:00:00.1",
+        "u5,i1,100,1,0,3,1": "timestamp looks like seconds read as milliseconds (before 1973-03-03; give --ts-unit s): 100",
+        "u6,i1,5000000000000,1,0,3,1": "timestamp at or after max_ts 2100-01-01T00:00:00: 2128-06-11 08:53:20",
         good[3]: "duplicate click (same user, item, ts)",
     }
     path = tmp_path / "dirty.csv.gz"
@@ -238,19 +248,38 @@ def test_slice_of_real_globo(spark, make_cfg, shared_datasets, tmp_path):
     assert rl.where("device IS NULL OR referrer IS NULL").count() == 0  # context columns mapped
 
 
-def test_the_leak_check_warns_outside_its_range_and_not_on_one_class():
+def test_the_leak_check_warns_outside_its_band_and_not_on_one_class():
     from datetime import datetime
 
+    from include.config import QualityConfig
     from spark_jobs.ingest_load import IngestReport
 
+    q = QualityConfig()
+    assert q.leaks({"popularity_auc": 0.30, "recent_click_auc": 0.5, "position_auc": 0.5}) == ["prior popularity AUC 0.300"]
+    assert q.leaks({"popularity_auc": 0.5, "recent_click_auc": 0.2, "position_auc": 0.8}) == \
+        ["recent click AUC 0.200", "position AUC 0.800"]
+    assert q.leaks({"popularity_auc": 0.45, "recent_click_auc": 0.6, "position_auc": 0.5}) == []
+    nan = float("nan")
+    assert q.leaks({"popularity_auc": nan, "recent_click_auc": nan, "position_auc": nan}) == []  # one class: nothing to judge
+    assert QualityConfig(leak_auc_min=0.2).leaks({"popularity_auc": 0.30}) == []  # the band is the config's
     base = dict(run_id="r", source="s", input_path="p", records_in=1, request_rows=1, requests=1, event_rows=1,
                 item_rows=0, quarantined=0, min_ts=None, max_ts=None, seconds=0.0, finished_at=datetime(2026, 1, 1))
-    warned = lambda **auc: [line for line in IngestReport(**base, **auc).leak_lines() if "WARNING" in line]  # noqa: E731
-    assert warned(popularity_auc=0.30, position_auc=0.5) != [] and "prior popularity" in warned(popularity_auc=0.30, position_auc=0.5)[0]
-    assert warned(popularity_auc=0.5, position_auc=0.8) != []
-    assert warned(popularity_auc=0.45, position_auc=0.5) == []
-    assert warned(popularity_auc=float("nan"), position_auc=float("nan")) == []  # no negatives: nothing to judge
+    lines = IngestReport(**base, popularity_auc=0.3, recent_click_auc=0.5, position_auc=0.5,
+                         leaks=("prior popularity AUC 0.300",), candidates="generated").leak_lines()
+    assert "recent click 0.500" in lines[0] and "not judged" not in lines[0]
+    logged = IngestReport(**base, popularity_auc=0.7, recent_click_auc=0.5, position_auc=0.37, candidates="logged")
+    assert [line for line in logged.leak_lines() if "WARNING" in line] == [] and "not judged" in logged.leak_lines()[0]
+    assert [line for line in lines if "WARNING: prior popularity AUC 0.300" in line and "--allow-leaking-candidates" in line]
     assert IngestReport(**base).leak_lines() == []  # MIND: no generated candidates
+
+
+@pytest.mark.parametrize("bounds", [dict(min_ts="2100-01-01T00:00:00"), dict(min_ts="yesterday"),
+                                    dict(leak_auc_min=0.6), dict(leak_auc_max=0.4)])
+def test_bad_quality_bounds_are_refused(bounds):
+    from include.config import ConfigError, QualityConfig
+
+    with pytest.raises(ConfigError):
+        QualityConfig(**bounds)
 
 
 def test_hostile_input_is_quarantined_or_refused_in_one_line(spark, make_cfg, tmp_path):
