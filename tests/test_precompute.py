@@ -247,13 +247,14 @@ def test_flipped_bytes_inside_a_page_fail_the_load_instead_of_being_served(spark
 
 def _flip_a_byte_inside_a_page(table_dir: Path, column_prefix: str) -> str:
     """Flip one byte in the middle of ``column_prefix``'s first column chunk (its pages) in the
-    table's largest data file (partition folders included, the log's checkpoints not); the file's path."""
-    import glob
-
+    largest data file of the table's current version; the file's path."""
     import pyarrow.parquet as pq
+    from deltalake import DeltaTable
 
-    files = [f for f in glob.glob(str(table_dir / "**" / "*.parquet"), recursive=True) if "_delta_log" not in f]
-    path = max(files, key=lambda f: Path(f).stat().st_size)  # a data file, never a log checkpoint
+    # a file of the table's current version (a file an earlier MERGE or DELETE replaced is still on
+    # disk until VACUUM, and no reader opens it)
+    files = [f.removeprefix("file://") for f in DeltaTable(str(table_dir)).file_uris()]
+    path = max(files, key=lambda f: Path(f).stat().st_size)
     meta = pq.ParquetFile(path).metadata.row_group(0)
     column = next(meta.column(i) for i in range(meta.num_columns) if meta.column(i).path_in_schema.startswith(column_prefix))
     data = bytearray(Path(path).read_bytes())
