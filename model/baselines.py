@@ -19,7 +19,8 @@ import pandas as pd
 import torch
 from torch import nn
 
-from model.features import MAX_POSITION, OOV
+from model.features import MAX_POSITION
+from model.vm import drop_ids
 
 POPULARITY, MF = "popularity (item rate in training)", "matrix factorisation (16-d)"
 NAMES = (POPULARITY, MF)
@@ -58,10 +59,7 @@ class MatrixFactorization(nn.Module):
         self.position_bias = nn.Embedding(MAX_POSITION + 1, 1, padding_idx=0)
 
     def _ids(self, x: torch.Tensor) -> torch.Tensor:
-        if self.training and self.cfg.id_dropout > 0:
-            drop = (x > OOV) & (torch.rand(x.shape, device=x.device) < self.cfg.id_dropout)
-            x = torch.where(drop, torch.full_like(x, OOV), x)
-        return x
+        return drop_ids(x, self.cfg.id_dropout) if self.training and self.cfg.id_dropout > 0 else x
 
     def forward(self, b: dict[str, torch.Tensor]) -> torch.Tensor:
         u, i = self._ids(b["user"]), self._ids(b["item"])

@@ -47,6 +47,13 @@ HOUR_ENCODINGS = ("embedding", "cyclic")
 TRAINED = {"hour_encoding": "cyclic", "id_dropout": 0.05}  # what SOLARIS trains with (model.training)
 
 
+def drop_ids(x: torch.Tensor, rate: float) -> torch.Tensor:
+    """``x`` with a share ``rate`` of its known ids replaced by the unknown id: trains the row every
+    id outside the vocabulary reads (training only; padding and unknown ids stay as they are)."""
+    drop = (x > OOV) & (torch.rand(x.shape, device=x.device) < rate)
+    return torch.where(drop, torch.full_like(x, OOV), x)
+
+
 class VerticalModel(nn.Module):
     """The built-in VM (model.interface)."""
 
@@ -79,8 +86,7 @@ class VerticalModel(nn.Module):
             angle = x.float() * (2 * math.pi / 24)
             return self.hour(torch.stack([torch.sin(angle), torch.cos(angle)], dim=1))  # (B, 4)
         if name in ("user", "item") and self.training and self.cfg.id_dropout > 0:
-            drop = (x > OOV) & (torch.rand(x.shape, device=x.device) < self.cfg.id_dropout)
-            x = torch.where(drop, torch.full_like(x, OOV), x)  # trains the unknown id's row
+            x = drop_ids(x, self.cfg.id_dropout)
         return getattr(self, name)(x)
 
     def forward(self, b: dict[str, torch.Tensor]) -> torch.Tensor:
