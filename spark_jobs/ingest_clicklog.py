@@ -154,6 +154,7 @@ def parse_clicks(raw: DataFrame, spec: ClickLogSpec, quality) -> DataFrame:
     m = spec.mapping
     src = lambda c: F.trim(F.col(f"`{m[c]}`")) if c in m else F.lit(None).cast("string")  # noqa: E731
     ts = parse_timestamp(src("ts"), spec.ts_unit)
+    ts_problem = timestamp_problem(src("ts"), ts, spec.ts_unit, quality)
     raw_text = (F.coalesce(F.col(CORRUPT), F.to_json(F.struct(*[F.col(f"`{c}`") for c in raw.columns if c != CORRUPT])))
                 if CORRUPT in raw.columns else F.to_json(F.struct(*[F.col(f"`{c}`") for c in raw.columns])))
     blank = lambda c: src(c).isNull() | (src(c) == "")  # noqa: E731
@@ -166,8 +167,7 @@ def parse_clicks(raw: DataFrame, spec: ClickLogSpec, quality) -> DataFrame:
               .when(id_problem(src("user_id"), "user_id").isNotNull(), id_problem(src("user_id"), "user_id"))
               .when(id_problem(src("item_id"), "item_id").isNotNull(), id_problem(src("item_id"), "item_id"))
               .when(blank("ts"), F.lit("missing timestamp"))
-              .when(timestamp_problem(src("ts"), ts, spec.ts_unit, quality).isNotNull(),
-                    timestamp_problem(src("ts"), ts, spec.ts_unit, quality)))
+              .when(ts_problem.isNotNull(), ts_problem))
     return raw.select(src("user_id").alias("user_id"), src("item_id").alias("item_id"), ts.alias("ts"),
                       *[src(c).alias(c) for c in CONTEXT + ATTRIBUTES], raw_text.alias("raw"), reason.alias("reason"))
 

@@ -67,6 +67,7 @@ def parse_impressions(raw: DataFrame, spec: ImpressionLogSpec, quality) -> DataF
     src = lambda c: F.trim(F.col(f"`{m[c]}`")) if c in m else F.lit(None).cast("string")  # noqa: E731
     blank = lambda c: src(c).isNull() | (src(c) == "")  # noqa: E731
     ts = parse_timestamp(src("ts"), spec.ts_unit)
+    ts_problem = timestamp_problem(src("ts"), ts, spec.ts_unit, quality)
     label, conversion = (binary(src(c)) for c in ("label", "conversion"))
     position = F.nullif(src("position"), F.lit("")).try_cast("int")
     columns = [c for c in raw.columns if c != CORRUPT]
@@ -83,8 +84,7 @@ def parse_impressions(raw: DataFrame, spec: ImpressionLogSpec, quality) -> DataF
               .when(id_problem(src("user_id"), "user_id").isNotNull(), id_problem(src("user_id"), "user_id"))
               .when(id_problem(src("item_id"), "item_id").isNotNull(), id_problem(src("item_id"), "item_id"))
               .when(blank("ts"), F.lit("missing timestamp"))
-              .when(timestamp_problem(src("ts"), ts, spec.ts_unit, quality).isNotNull(),
-                    timestamp_problem(src("ts"), ts, spec.ts_unit, quality))
+              .when(ts_problem.isNotNull(), ts_problem)
               .when(~blank("label") & ~label.isin(0, 1), F.concat(F.lit("label not 0, 1 or empty: "), src("label")))
               .when(~blank("conversion") & ~conversion.isin(0, 1),
                     F.concat(F.lit("conversion not 0, 1 or empty: "), src("conversion")))
