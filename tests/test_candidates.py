@@ -109,13 +109,40 @@ def test_the_first_form_gives_the_label_away_on_a_sparse_log_and_the_check_says_
 
 
 def test_negatives_are_never_the_users_own_clicks(spark):
-    rows = [(f"u{n % 3}", f"i{n}", n % 60) for n in range(30)]  # three users, ten items each, one hour
-    out = clicks_to_requests(clicks(spark, rows), ClickLogConfig(5, seed=2), "s").collect()
+    rows = [(f"u{n % 3}", f"i{n}", 1 + n) for n in range(30)]  # three users, ten items each, one hour
+    known = [("z", f"i{n}", 0) for n in range(30)]  # every item clicked once before, so each can be a negative
+    out = clicks_to_requests(clicks(spark, rows + known), ClickLogConfig(5, seed=2), "s").where("user_id != 'z'").collect()
     mine = {}
     for user, item, _ in rows:
         mine.setdefault(user, set()).add(item)
     negatives = [(r.user_id, r.item_id) for r in out if r.label == 0]
     assert len(negatives) > 60 and all(item not in mine[user] for user, item in negatives)
+
+
+def test_new_items_are_as_common_among_negatives_as_among_clicks(spark):
+    """Items first clicked after the request (a news article published after it) would otherwise
+    fill the negatives of a dense news hour, and "no click yet" would give the label away; they take
+    as many of the slots as first clicks take of the hour's clicks. ``match_new_items = false``
+    draws from the pool as it is, and the known-item statistic sees the difference."""
+    old = [(f"o{n}", f"old{n % 10}", n * 60 // 300) for n in range(300)]  # ten items clicked all hour
+    new = [(f"n{n}", f"new{n % 20}", 20 + n * 40 // 200) for n in range(200)]  # twenty first clicked from minute 20
+    log = clicks(spark, old + new)
+    first = {}
+    for u, i, m in old + new:
+        first[i] = min(first.get(i, m), m)
+    share_first = 30 / 500  # the hour's first clicks: ten old items and twenty new ones
+
+    def new_share(requests):
+        negatives = requests.where("label = 0").collect()
+        assert len(negatives) > 1000
+        return sum(T0 + timedelta(minutes=first[r.item_id]) >= r.ts for r in negatives) / len(negatives)
+
+    matched = clicks_to_requests(log, ClickLogConfig(3, seed=4), "s")
+    loose = clicks_to_requests(log, ClickLogConfig(3, seed=4, match_new_items=False), "s")
+    assert abs(new_share(matched) - share_first) < 0.03
+    assert new_share(loose) > 2 * share_first
+    known = leak_statistics(matched, log)["known_item_auc"], leak_statistics(loose, log)["known_item_auc"]
+    assert abs(known[0] - 0.5) < 0.05 < abs(known[1] - 0.5), known
 
 
 def test_each_click_is_one_request_with_one_positive(spark, log):

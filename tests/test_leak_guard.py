@@ -63,7 +63,7 @@ def test_logged_impressions_are_reported_not_judged(base_lake):
 def test_training_refuses_a_leaking_source_in_one_line(leaking):
     cfg, _ = leaking
     with pytest.raises(LeakingCandidates, match=r"refusing to train on source 'clicklog'.*prior popularity AUC 0\.\d+ "
-                                                r"\(and 1 more\), outside \[0.4, 0.65\].*--allow-leaking-candidates"):
+                                                r"\(and \d more\), outside \[0.4, 0.65\].*--allow-leaking-candidates"):
         training.train_all(cfg, "clicklog", TINY, log=lambda *_: None)
     env = {**os.environ, "SOLARIS_LAKE_ROOT": str(cfg.lake.root_path)}
     p = subprocess.run([sys.executable, "-m", "experiments.model_eval", "--source", "clicklog", "--skip-ingest"],
