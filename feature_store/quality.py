@@ -40,8 +40,14 @@ class DataQualityError(RuntimeError):
 def _context():
     import great_expectations as gx
 
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
     # Ephemeral: expectations are defined in code (here), results are saved by us as JSON.
-    return gx.get_context(mode="ephemeral")
+    context = gx.get_context(mode="ephemeral")
+    # No progress bars: the job prints its own lines, and a bar per metric batch interleaves with
+    # them (and with Spark's) in a log.
+    context.variables.progress_bars = ProgressBarsConfig(globally=False)
+    return context
 
 
 def _run_suite(name: str, df: DataFrame, expectations: list) -> dict:

@@ -7,6 +7,7 @@ processes); ``--start S --end E`` is always a half-open range [S, E) of request 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from datetime import datetime, timezone
@@ -53,7 +54,9 @@ def run_at_time(argv: list[str] | None, module: str, description: str, run: Call
     p = argparse.ArgumentParser(prog=prog(module), description=description)
     p.add_argument("--at", required=True, help=AT_HELP)
     p.add_argument("--config", help="SOLARIS TOML config")
+    add_verbose(p)
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
+    with_verbose(a)
 
     from include.config import load_config
     from include.spark import get_spark
@@ -72,6 +75,18 @@ def run_at_time(argv: list[str] | None, module: str, description: str, run: Call
         return WRITE_CONFLICT
     show(result)
     return 0
+
+
+def add_verbose(parser) -> None:
+    parser.add_argument("--verbose", action="store_true",
+                        help="show Spark's warnings too (default: its errors only; SOLARIS_VERBOSE=1 does the same)")
+
+
+def with_verbose(args) -> None:
+    """``--verbose`` reaches the session through the environment, so a Spark job started from this
+    process (and spark-submit) sees it too."""
+    if getattr(args, "verbose", False):
+        os.environ["SOLARIS_VERBOSE"] = "1"
 
 
 LEAK_OVERRIDE = "--allow-leaking-candidates"

@@ -27,8 +27,7 @@ def spark_conf(cfg: SolarisConfig) -> dict[str, str]:
     conf = {
         "spark.app.name": cfg.spark.app_name,
         "spark.master": cfg.spark.master,
-        "spark.jars.packages": delta_package(),
-        "spark.jars.excludes": ",".join(SPARK_PROVIDED),
+        **delta_jars(),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.sql.catalogImplementation": "hive",
@@ -49,6 +48,10 @@ def spark_conf(cfg: SolarisConfig) -> dict[str, str]:
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.databricks.delta.schema.autoMerge.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
+        # Spark's warnings (cached-data notes, truncated plan strings, checkpoint lineage) are for
+        # whoever debugs Spark; a job's reader sees the job's own lines and Spark's errors. From the
+        # context's start on; log4j2.properties keeps what the JVM logs before it at warnings.
+        "spark.log.level": "WARN" if verbose() else "ERROR",
         # Delta rebuilds table state with this many tasks; its default (50) dominates small local jobs.
         "spark.databricks.delta.snapshotPartitions": str(cfg.spark.shuffle_partitions),
         # Delta answers unfiltered min/max/count from its statistics, and that shortcut fails with a
@@ -100,6 +103,52 @@ def delta_package() -> str:
     return f"io.delta:delta-spark_{spark_minor}_2.13:{version('delta-spark')}"
 
 
+def verbose() -> bool:
+    """``--verbose`` (or SOLARIS_VERBOSE=1): Spark's warnings are shown, not only its errors."""
+    return os.environ.get("SOLARIS_VERBOSE", "") not in ("", "0")
+
+
+def _jar_manifest() -> Path:
+    """Where the Delta jars that Ivy resolved for this package are listed (beside Ivy's cache)."""
+    ivy = Path(os.environ.get("SOLARIS_IVY_HOME", Path.home() / ".ivy2.5.2"))
+    return ivy / "solaris" / (delta_package().replace(":", "_") + ".jars")
+
+
+def delta_jars() -> dict[str, str]:
+    """The Delta jars for the session: the local jar files Ivy resolved before (listed in
+    ``_jar_manifest``), or, on first use or when one is gone, the Maven package for Ivy to resolve.
+    Resolving again on every start costs a second of look-ups (some of repositories this machine
+    may not reach) and forty lines of Ivy's report on every job's console."""
+    manifest = _jar_manifest()
+    try:
+        jars = [j for j in manifest.read_text().split() if j]
+    except OSError:
+        jars = []
+    if jars and all(Path(j).is_file() for j in jars):
+        return {"spark.jars": ",".join(jars)}
+    return {"spark.jars.packages": delta_package(), "spark.jars.excludes": ",".join(SPARK_PROVIDED)}
+
+
+def remember_jars(spark) -> None:
+    """After Ivy resolved the package: list the jar files it put on the classpath (``delta_jars``)."""
+    from urllib.parse import urlparse
+
+    conf = spark.sparkContext.getConf()
+    if not conf.get("spark.jars.packages", ""):
+        return
+    jars = [urlparse(j).path for j in conf.get("spark.jars", "").split(",") if j]
+    if not jars or not all(Path(j).is_file() for j in jars):
+        return
+    manifest = _jar_manifest()
+    try:
+        manifest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = manifest.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text("\n".join(jars) + "\n")
+        tmp.replace(manifest)  # atomic: a concurrent start reads the old list or the new one
+    except OSError:
+        pass  # a read-only home: resolve again next time
+
+
 class MetastoreInUse(SystemExit):
     """Another Spark driver holds the lake's embedded (Derby) metastore. Derby admits one JVM at a
     time: without this check the second driver fails after minutes of retries and thousands of
@@ -123,6 +172,35 @@ def metastore_locked(metastore_path: Path) -> bool:
     return False
 
 
+_DRIVER_LOCKS: dict[str, object] = {}  # open lock files, held until Derby holds its own
+
+
+def _hold_driver_lock(metastore_path: Path) -> bool:
+    """Take (non-blocking) an exclusive lock beside the embedded metastore, held while this
+    process boots its driver (``_release_driver_lock`` once Derby holds its own); False when
+    another process holds it."""
+    import fcntl
+
+    key = str(metastore_path)
+    if key in _DRIVER_LOCKS:
+        return True
+    metastore_path.parent.mkdir(parents=True, exist_ok=True)
+    f = open(metastore_path.parent / f".{metastore_path.name}.driver.lock", "a+b")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        return False
+    _DRIVER_LOCKS[key] = f
+    return True
+
+
+def _release_driver_lock(metastore_path: Path) -> None:
+    f = _DRIVER_LOCKS.pop(str(metastore_path), None)
+    if f is not None:
+        f.close()
+
+
 def check_metastore_free(cfg: SolarisConfig) -> None:
     """Raise ``MetastoreInUse`` if another process holds the embedded metastore; a shared metastore
     is not checked."""
@@ -134,7 +212,10 @@ def check_metastore_free(cfg: SolarisConfig) -> None:
         # This process runs a JVM already, which may hold the lock itself; POSIX locks belong to
         # the process, so probing (and closing the file) here would release that JVM's lock.
         return
-    if metastore_locked(cfg.lake.metastore_path):
+    # Two drivers started in the same second both saw Derby's lock free (Derby takes it only once
+    # its JVM has booted, seconds later) and the second died after minutes of retries. A lock of
+    # our own, taken now and held until Derby holds its lock (get_spark releases it), closes that window.
+    if not _hold_driver_lock(cfg.lake.metastore_path) or metastore_locked(cfg.lake.metastore_path):
         raise MetastoreInUse(
             f"error: the lake's embedded metastore ({cfg.lake.metastore_path}) is in use by another Spark "
             f"driver (a job, spark-sql or the SQL entry point): the embedded default runs one at a time. "
@@ -160,8 +241,9 @@ def get_spark(cfg: SolarisConfig):
         for key, value in spark_conf(cfg).items():
             builder = builder.config(key, value)
         spark = builder.enableHiveSupport().getOrCreate()
-        spark.sparkContext.setLogLevel("WARN")
-    ensure_database(spark, cfg)
+        remember_jars(spark)
+    ensure_database(spark, cfg)  # boots the metastore: Derby holds its own lock from here on
+    _release_driver_lock(cfg.lake.metastore_path)
     return spark
 
 

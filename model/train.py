@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -95,7 +96,9 @@ def fit(model: nn.Module, loss_fn: Callable[[nn.Module, Batch], torch.Tensor], t
     """Adam with a linear warm-up, the learning rate cut after every epoch without validation
     improvement, and early stopping after ``patience`` such epochs; the best epoch's weights are
     kept. ``select``: what validation improves, ``ne`` (the NE of the model's click
-    probability against ``label``, whatever the training loss) or ``loss`` (the training loss)."""
+    probability against ``label``, whatever the training loss) or ``loss`` (the training loss).
+    ``log`` gets one line per epoch with SOLARIS_VERBOSE=1 (``--verbose``), else one at the end."""
+    every_epoch = os.environ.get("SOLARIS_VERBOSE", "") not in ("", "0")
     check_finite(train)
     check_finite(val)
     if len(train["label"]) == 0:
@@ -124,7 +127,8 @@ def fit(model: nn.Module, loss_fn: Callable[[nn.Module, Batch], torch.Tensor], t
         score = validation_ne(model, val, cfg.batch_size, device) if select == "ne" \
             else evaluate_loss(model, loss_fn, val, cfg.batch_size, device)
         history.append({"epoch": epoch, "train_loss": total / n, f"val_{select}": score, "lr": lr})
-        log(f"    epoch {epoch}: train loss {total / n:.5f}  val {select} {score:.5f}  lr {lr:.2g}")
+        if every_epoch:
+            log(f"    epoch {epoch}: train loss {total / n:.5f}  val {select} {score:.5f}  lr {lr:.2g}")
         if score < best - 1e-6:
             best, best_state, bad_epochs = score, copy.deepcopy(model.state_dict()), 0
         else:
@@ -134,6 +138,10 @@ def fit(model: nn.Module, loss_fn: Callable[[nn.Module, Batch], torch.Tensor], t
                 break
     if best_state is not None:
         model.load_state_dict(best_state)
+    if not every_epoch and history:
+        at = min(history, key=lambda h: h[f"val_{select}"])
+        log(f"    {len(history)} epochs, best val {select} {at[f'val_{select}']:.5f} at epoch {at['epoch']} "
+            f"(train loss {at['train_loss']:.5f}); every epoch with --verbose")
     return {f"best_val_{select}": best, "epochs": history}
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -34,17 +35,24 @@ def summarize(spark, cfg) -> list[str]:
     """Where the data landed: per table, rows, location and partitions."""
     from feature_store.tables import ALL_TABLES, qualified_name
 
-    lines = []
+    lines, empty = [], []
     for spec in ALL_TABLES:
         name = qualified_name(spec, cfg.lake.database)
         if not spark.catalog.tableExists(name):
             continue
         rows = spark.table(name).count()
+        if not rows:  # declared and created, filled by later stages: one line for all of them
+            empty.append(spec.name)
+            continue
         parts = ""
         if spec.partition_by:
             n = spark.table(name).select(*spec.partition_by).distinct().count()
             parts = f", {n} partitions by ({', '.join(spec.partition_by)})"
         lines.append(f"  {name:<32} {rows:>12,} rows  at {cfg.lake.table_path(spec.name)}{parts}")
+    if empty:
+        wrapped = textwrap.wrap(", ".join(empty), 96, initial_indent="  empty so far (filled by later stages): ",
+                                subsequent_indent="    ")
+        lines += [*wrapped, f"    (each at {cfg.lake.tables_path}/<table>)"]
     return lines
 
 
@@ -62,10 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reports", default="reports", help="folder for the evaluation JSON and Markdown")
     p.add_argument("--precompute-hours", type=int, default=3,
                    help="hourly precompute runs over the log's last hours (0: skip; needs --models)")
-    from include.cli import add_leak_override, with_leak_override
+    from include.cli import add_leak_override, add_verbose, with_leak_override, with_verbose
 
     add_leak_override(p)
+    add_verbose(p)
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
+    with_verbose(a)
 
     from include.config import load_config
 

@@ -44,13 +44,18 @@ def candidates(window_requests: DataFrame, misses: DataFrame, p) -> DataFrame:
                 .select("item_id"))
     speculated = (recent.unionByName(users.select("user_id").crossJoin(F.broadcast(trending))).distinct()
                   .join(users, "user_id").withColumn("origin", F.lit("speculated")))
-    # Bounded: the most recently requested pairs, at most queue_per_user of a user and
-    # queue_max_pairs in all (the rest wait); ties broken by ids, so reruns take the same pairs.
-    newest = misses.groupBy("user_id", "item_id").agg(F.max("requested_at").alias("_at"))
+    # Bounded: at most queue_per_user pairs of a user and queue_max_pairs in all (the rest wait),
+    # misses of users with requests in the window first (a lookup client can invent user ids; the
+    # request log holds real traffic), then the most recently requested; ties broken by ids, so
+    # reruns take the same pairs. The overall cap is a top-k (each partition keeps its own k best,
+    # one task merges those), not a row number over one global window, which moves every queued
+    # pair into one task.
+    newest = (misses.groupBy("user_id", "item_id").agg(F.max("requested_at").alias("_at"))
+              .join(users.select("user_id", F.lit(1).alias("_active")), "user_id", "left")
+              .fillna(0, ["_active"]))
     per_user = Window.partitionBy("user_id").orderBy(F.col("_at").desc(), "item_id")
-    overall = Window.orderBy(F.col("_at").desc(), "user_id", "item_id")
     queued = (newest.withColumn("_n", F.row_number().over(per_user)).where(F.col("_n") <= p.queue_per_user)
-              .withColumn("_m", F.row_number().over(overall)).where(F.col("_m") <= p.queue_max_pairs)
+              .orderBy(F.col("_active").desc(), F.col("_at").desc(), "user_id", "item_id").limit(p.queue_max_pairs)
               .select("user_id", "item_id").join(users, "user_id", "left").withColumn("origin", F.lit("miss_queue")))
     # A queued pair that was also speculated is kept once, as queued (queued pairs are always selected).
     speculated = speculated.join(queued.select("user_id", "item_id"), ["user_id", "item_id"], "left_anti")
@@ -74,6 +79,18 @@ def score(cands: DataFrame, vm_path: str, t: datetime,
     return cands.mapInPandas(predict, schema)
 
 
+# Rank accuracy of the global threshold: the selected share is within 1/QUANTILE_ACCURACY of the
+# budget. Each partition summarises its scores in a sketch of bounded size and one task merges the
+# sketches; an exact quantile holds every score in one place.
+QUANTILE_ACCURACY = 10_000
+
+
+def budget_threshold(speculated: DataFrame, budget: float) -> float | None:
+    """The score above which the top ``budget`` share of ``speculated`` lies (None when empty); the
+    same scores in the same partitions give the same threshold on every rerun."""
+    return speculated.agg(F.percentile_approx("score", 1.0 - budget, QUANTILE_ACCURACY)).first()[0]
+
+
 def select(scored: DataFrame, fresh: DataFrame, p, t: datetime) -> DataFrame:
     """Mark the precompute set of the run at ``t``; pure given the scores. ``fresh``: (user_id, item_id,
     expires_at) stored now; ``p``: the ``[precompute]`` config section (budget, selection, margin)."""
@@ -87,9 +104,8 @@ def select(scored: DataFrame, fresh: DataFrame, p, t: datetime) -> DataFrame:
     if p.selection == "per_user":
         top = F.col("score_rank") <= F.ceil(F.col("_n_user") * F.lit(p.budget))
     else:
-        spec = ranked.where(F.col("origin") == "speculated")
-        threshold = spec.approxQuantile("score", [1.0 - p.budget], 0.0)  # exact quantile: deterministic reruns
-        top = F.col("score") >= F.lit(threshold[0] if threshold else float("inf"))
+        threshold = budget_threshold(scored.where(F.col("origin") == "speculated"), p.budget)
+        top = F.col("score") >= F.lit(threshold if threshold is not None else float("inf"))
     fresh_until = fresh.select("user_id", "item_id", F.col("expires_at").alias("fresh_until"))
     margin = F.lit(t + timedelta(minutes=p.fresh_margin_minutes))
     return (ranked.join(fresh_until, ["user_id", "item_id"], "left")

@@ -194,12 +194,15 @@ def run(args, lake, timeout=1800, extra_env=None, both=False, **kw):
 
 
 @pytest.fixture(scope="session")
-def demo_lake(tmp_path_factory):
+def demo_lake(tmp_path_factory, spark):
     """The main job exactly as `make demo` runs it, on a tiny synthetic log (shared by the
-    end-to-end, SQL and Airflow UI tests, each of which leaves its tables as it found them)."""
+    end-to-end, SQL and Airflow UI tests, each of which leaves its tables as it found them); its
+    console output (stdout and stderr). After this process's session started, so the Delta jars
+    are resolved already, as on every run but a machine's first."""
     lake = tmp_path_factory.mktemp("demo") / "lake"
     out = run([sys.executable, "-m", "spark_jobs.pipeline", "--synthetic-users", "80", "--synthetic-items", "40",
-               "--synthetic-hours", "4", "--precompute-hours", "2", "--reports", str(lake.parent / "reports")], lake)
+               "--synthetic-hours", "4", "--precompute-hours", "2", "--reports", str(lake.parent / "reports")], lake,
+              both=True)
     return lake, out
 
 

@@ -29,6 +29,17 @@ def test_main_job_reports_what_landed_where(demo_lake):
     assert "-> solaris.request_log_quarantine        0 records" in out
 
 
+def test_the_demo_console_is_the_jobs_own_lines(demo_lake):
+    """What a person reads: the job's stages and results, Spark's errors only (its warnings with
+    --verbose), no progress bars, no Ivy report once the Delta jars are known; two screens."""
+    _, out = demo_lake
+    lines = out.splitlines()
+    assert not [ln for ln in lines if re.match(r"\d\d/\d\d/\d\d \d\d:\d\d:\d\d WARN ", ln)], out[-3000:]
+    assert "Calculating Metrics" not in out and "it/s]" not in out
+    assert ":: resolving dependencies ::" not in out and "confs: [default]" not in out
+    assert len(lines) <= 120, f"{len(lines)} lines:\n{out}"  # two screens
+
+
 def test_sql_entry_point_answers_after_the_demo(demo_lake, sql_answers):
     lake, out = demo_lake
     requests = int(next(ln for ln in out.splitlines() if "-> solaris.request_log " in ln).split("(")[1].split()[0].replace(",", ""))
@@ -178,6 +189,23 @@ def test_a_second_driver_on_the_embedded_metastore_stops_at_once_with_one_line(s
                        env={**os.environ, "SOLARIS_LAKE_ROOT": str(lake_root), "SOLARIS_SPARK_MASTER": "local[1]"})
     assert p.returncode != 0 and "is in use by another Spark driver" in p.stderr, p.stderr[-2000:]
     assert len(p.stderr.splitlines()) < 5 and time.time() - started < 120
+
+
+def test_two_drivers_started_in_the_same_second_one_runs_and_one_stops_at_once(tmp_path):
+    """Both start on a fresh lake before either's Derby has booted: the driver lock taken before
+    the JVM starts lets one through and stops the other with one line, not after minutes."""
+    import subprocess
+    import time
+
+    env = {**os.environ, "SOLARIS_LAKE_ROOT": str(tmp_path / "lake"), "SOLARIS_SPARK_MASTER": "local[1]"}
+    started = time.time()
+    runs = [subprocess.Popen([sys.executable, "-m", "include.sql", "SHOW DATABASES"], cwd=ROOT, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    out = [(p.wait(300), p.stderr.read()) for p in runs]
+    codes = sorted(code for code, _ in out)
+    refused = next(err for code, err in out if code != 0)
+    assert codes[0] == 0 and codes[1] != 0 and "is in use by another Spark driver" in refused, out
+    assert len(refused.splitlines()) < 5 and time.time() - started < 240
 
 
 DERBY = "10.16.1.1"  # the Derby of pyspark's own jars/ folder (the embedded metastore's)
