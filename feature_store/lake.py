@@ -77,6 +77,18 @@ def delete_where(spark, cfg, spec: TableSpec, condition) -> None:
     DeltaTable.forName(spark, qualified_name(spec, cfg.lake.database)).delete(condition)
 
 
+def delete_before(cfg, spec: TableSpec, column: str, before: datetime) -> int:
+    """Delete the rows whose ``column`` is before ``before`` with delta-rs; returns how many went.
+    Its conflict check reads the files other writers added meanwhile by their statistics, so
+    appends of newer rows commit beside it (Spark's DELETE, on a table without partitions, fails on
+    any file appended while it ran). A lost race raises delta-rs's ``CommitFailedError``."""
+    from deltalake import DeltaTable
+
+    stamp = before.astimezone(timezone.utc) if before.tzinfo else before.replace(tzinfo=timezone.utc)
+    out = DeltaTable(location(cfg, spec)).delete(f"{column} < '{stamp.strftime('%Y-%m-%dT%H:%M:%S.%f')}Z'")
+    return int(out.get("num_deleted_rows", 0) or 0)
+
+
 def delete_expired(spark, cfg, spec: TableSpec, t: datetime, expires_at: str = "expires_at") -> None:
     """Delete the rows no longer valid at ``t`` (``expires_at <= t``). Readers already skip them."""
     from pyspark.sql import functions as F
@@ -121,5 +133,21 @@ def read_arrow(tables_root: str | Path, spec: TableSpec, version: int | None = N
         table = DeltaTable(str(path), version=version)
     except TableNotFoundError as e:
         raise FileNotFoundError(f"table {spec.name} does not exist at {path}") from e
+    except Exception as e:  # a damaged log: delta-rs says it as a coloured Rust backtrace naming no table
+        raise TableReadError(f"table {spec.name} at {path}"
+                             f"{'' if version is None else f' (version {version})'}: {plain_error(e)}") from e
     checked = ds.ParquetFragmentScanOptions(page_checksum_verification=True)
     return table.to_pyarrow_dataset().to_table(columns=columns, filter=filter, fragment_scan_options=checked)
+
+
+class TableReadError(OSError):
+    """A lake table that exists but cannot be read (its log or a file of it is damaged)."""
+
+
+def plain_error(e: BaseException, limit: int = 300) -> str:
+    """``e``'s message as one plain line: terminal colour codes and backtraces cut off."""
+    import re
+
+    text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", str(e))
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(e).__name__)
+    return f"{type(e).__name__}: {first[:limit]}"

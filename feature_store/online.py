@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +53,10 @@ def publications(tables_root: str | Path) -> list[Published]:
                       {k: int(v) for k, v in r.items() if k.endswith("_version") and v is not None}) for r in rows]
 
 
+def _epoch(t: datetime) -> float:
+    return (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).timestamp()
+
+
 def latest_publication(tables_root: str | Path) -> Published | None:
     """The newest row of feature_versions, or None when nothing was published yet."""
     found = publications(tables_root)
@@ -67,15 +71,22 @@ class MissRecorder:
     holds; the rest are counted as dropped) and is counted in ``flush_errors`` with ``last_error``;
     a row whose id cannot be stored (the lookup refuses those, so only a direct caller can bring
     one) is counted in ``rejected`` and logged, and the rest of its batch is written.
-    ``stop()`` flushes what is left.
+    Within one flush interval a pair is queued once (``repeated`` counts the rest) and a user at
+    most ``per_user`` pairs (``capped`` counts the rest). ``stop()`` flushes what is left.
     """
 
-    def __init__(self, tables_root: str | Path, capacity: int = 100_000, flush_seconds: float = 2.0):
+    def __init__(self, tables_root: str | Path, capacity: int = 100_000, flush_seconds: float = 2.0,
+                 per_user: int = 200):
         self.path = str(table_path(tables_root, MISS_QUEUE))
-        self.capacity, self.flush_seconds = capacity, flush_seconds
+        self.capacity, self.flush_seconds, self.per_user = capacity, flush_seconds, per_user
         self._buf: list[tuple[str, str, datetime]] = []
+        # What this flush interval holds already, per user: a pair missed again is not queued twice,
+        # and one user (one client replaying requests) queues at most ``per_user`` pairs an
+        # interval, so a single source cannot flood the queue or crowd out everyone else's misses.
+        self._pending: dict[str, set[str]] = {}
         self._lock = threading.Lock()
         self.recorded = self.dropped = self.flushed = self.flush_errors = self.rejected = 0
+        self.repeated = self.capped = 0
         self.last_error: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="miss-flusher", daemon=True)
@@ -86,16 +97,21 @@ class MissRecorder:
 
     def add(self, user_id: str, item_ids, now: datetime) -> None:
         with self._lock:
-            room = self.capacity - len(self._buf)
-            take = list(item_ids)[: max(room, 0)]
+            pending = self._pending.setdefault(user_id, set())
+            new = [i for i in dict.fromkeys(item_ids) if i not in pending]
+            self.repeated += len(item_ids) - len(new)
+            fits = new[: max(self.per_user - len(pending), 0)]
+            self.capped += len(new) - len(fits)
+            take = fits[: max(self.capacity - len(self._buf), 0)]
+            self.dropped += len(fits) - len(take)
+            pending.update(take)
             self._buf.extend((user_id, i, now) for i in take)
             self.recorded += len(take)
-            self.dropped += len(item_ids) - len(take)
 
     def flush(self) -> int:
         """Append the buffered misses to miss_queue; returns how many were written."""
         with self._lock:
-            rows, self._buf = self._buf, []
+            rows, self._buf, self._pending = self._buf, [], {}
         if not rows:
             return 0
         good, bad = [], []
@@ -112,7 +128,7 @@ class MissRecorder:
                 # Created by the Spark jobs from its declaration (with its comments), never here: a table
                 # that delta-rs created first would not match the declaration, and every job would fail
                 raise FileNotFoundError(f"{self.path} does not exist yet: the first Spark job creates miss_queue")
-            write_deltalake(self.path, self._arrow(good), mode="append")
+            self._append(good)
         except Exception as e:  # the table is missing or busy: keep what fits, try again next time
             self.flush_errors += 1
             self.last_error = f"{type(e).__name__}: {e}"
@@ -121,10 +137,22 @@ class MissRecorder:
                 keep = good[: max(self.capacity - len(self._buf), 0)]
                 self.dropped += len(good) - len(keep)
                 self._buf = keep + self._buf
+                for user, item, _ in keep:
+                    self._pending.setdefault(user, set()).add(item)
             return 0
         self.flushed += len(good)
         self.last_error = None
         return len(good)
+
+    def _append(self, rows) -> None:
+        """One append; tried once more at once when it lost a race with precompute's pruning of
+        old rows (an hourly delete that touches none of the files this append adds)."""
+        from deltalake.exceptions import CommitFailedError
+
+        try:
+            write_deltalake(self.path, self._arrow(rows), mode="append")
+        except CommitFailedError:
+            write_deltalake(self.path, self._arrow(rows), mode="append")
 
     @staticmethod
     def _arrow(rows):
@@ -150,7 +178,8 @@ class MissRecorder:
         self.flush()
 
     def status(self) -> dict:
-        return {"recorded": self.recorded, "dropped": self.dropped, "flushed": self.flushed,
+        return {"recorded": self.recorded, "repeated": self.repeated, "capped": self.capped,
+                "dropped": self.dropped, "flushed": self.flushed,
                 "flush_errors": self.flush_errors, "rejected": self.rejected, "buffered": len(self._buf),
                 "last_error": self.last_error}
 
@@ -166,10 +195,12 @@ class OnlineStore(LookupStore):
     """Lookups on the newest published snapshot, with background reload and miss recording."""
 
     def __init__(self, tables_root: str | Path, dim: int | None = None, poll_seconds: float = 5.0,
-                 record_misses: bool = True, miss_capacity: int = 100_000, miss_flush_seconds: float = 2.0):
+                 record_misses: bool = True, miss_capacity: int = 100_000, miss_flush_seconds: float = 2.0,
+                 miss_per_user: int = 200):
         self.tables_root, self.dim, self.poll_seconds = str(tables_root), dim, poll_seconds
         self._state = _State(Snapshot.empty(dim or 32), None)  # dim None: the size the tables hold
-        self.misses = MissRecorder(tables_root, miss_capacity, miss_flush_seconds) if record_misses else None
+        self.misses = MissRecorder(tables_root, miss_capacity, miss_flush_seconds, miss_per_user) \
+            if record_misses else None
         self.reloads = self.reload_failures = 0
         self.last_error: str | None = None
         self.newest_run_id: str | None = None  # the newest publication, served or not
@@ -264,6 +295,8 @@ class OnlineStore(LookupStore):
                 "skipped_publications": dict(self.skipped),
                 "snapshot_versions": pub.versions if pub else None,
                 "snapshot_loaded_seconds_ago": round(time.time() - state.loaded_at, 3),
+                # how old the data is: the publication's interval end (its run's t), not the load
+                "snapshot_data_age_seconds": round(time.time() - _epoch(pub.interval_end), 3) if pub else None,
                 "snapshot_stats": state.snapshot.stats, "dim": state.snapshot.dim,
                 "reloads": self.reloads, "reload_failures": self.reload_failures, "last_error": self.last_error,
                 "misses": None if self.misses is None else self.misses.status()}

@@ -4,7 +4,7 @@
     python -m feature_store.serve --backend redis --redis-url redis://127.0.0.1:6379/0
 
 The publish step copies the newest published snapshot (read with delta-rs) into a namespace of
-its own, ``<prefix>:<run_id>``, then points ``<prefix>:current`` at it in one SET; the previous
+its own, ``<prefix>:<run_id>:<publish time>``, then points ``<prefix>:current`` at it in one SET; the previous
 namespace expires after a grace period, so a replica that read the old pointer a moment ago still
 finds its keys. Keys of a namespace:
 
@@ -43,8 +43,11 @@ def _pack(valid: np.ndarray, emb: np.ndarray) -> bytes:
 
 
 def publish(snapshot: Snapshot, redis, prefix: str = "solaris", grace_seconds: int = 300, batch: int = 2000) -> dict:
-    """Write ``snapshot`` under a new namespace and switch the pointer to it; returns counts."""
-    ns = f"{prefix}:{snapshot.run_id}"
+    """Write ``snapshot`` under a new namespace and switch the pointer to it; returns counts. The
+    namespace is new on every publish, also of the same run (``<prefix>:<run_id>:<ns time>``): a
+    republished run never rewrites the keys replicas are reading, and pairs it no longer holds are
+    not left behind in the live namespace."""
+    ns = f"{prefix}:{snapshot.run_id}:{time.time_ns()}"
     users, items = snapshot.users, snapshot.items
     n_items = max(len(items), 1)
     pipe = redis.pipeline(transaction=False)
@@ -93,12 +96,19 @@ def publish(snapshot: Snapshot, redis, prefix: str = "solaris", grace_seconds: i
 
 
 class RedisStore(LookupStore):
-    """The lookup interface of OnlineStore (lookup, status, stop), reading Redis."""
+    """The lookup interface of OnlineStore (lookup, status, stop), reading Redis.
+
+    Ready only when the pointer names a namespace whose ``meta`` is there (a namespace expired or
+    flushed under a stale pointer is not ready, and says so) and, with ``dim`` given, whose codes
+    have that size; otherwise every lookup answers tier ``none`` in ``dim`` floats."""
+
+    blocking = True  # network round trips: the server calls it from worker threads
 
     def __init__(self, url: str = "redis://127.0.0.1:6379/0", prefix: str = "solaris", pointer_seconds: float = 1.0,
-                 timeout_seconds: float = 0.5):
+                 timeout_seconds: float = 0.5, dim: int | None = None):
         import redis
 
+        self.dim = dim
         # A Redis that is down fails a lookup in ``timeout_seconds``, not the client's patience.
         self.redis = redis.Redis.from_url(url, socket_timeout=timeout_seconds, socket_connect_timeout=timeout_seconds)
         self.prefix, self.pointer_seconds = prefix, pointer_seconds
@@ -106,12 +116,21 @@ class RedisStore(LookupStore):
         self.misses = None
 
     def _namespace(self) -> tuple[str | None, dict]:
+        """The namespace to read (None: nothing usable, ``meta["problem"]`` says why) and its meta."""
         at, ns, meta = self._pointer
         if time.monotonic() - at > self.pointer_seconds:
             raw = self.redis.get(f"{self.prefix}:current")
             ns = raw.decode() if raw else None
             meta_raw = self.redis.get(f"{ns}:meta") if ns else None
             meta = json.loads(meta_raw) if meta_raw else {}
+            if ns is None:
+                meta = {"problem": "nothing published to Redis yet"}
+            elif not meta_raw:
+                meta, ns = {"problem": f"the published namespace {ns} is gone (expired or flushed): publish again"}, None
+            elif self.dim is not None and meta.get("dim") != self.dim:
+                meta = {**meta, "problem": f"the published embeddings are {meta.get('dim')} floats, the lookup answers "
+                                           f"{self.dim}: publish codes of the configured autoencoder"}
+                ns = None
             self._pointer = (time.monotonic(), ns, meta)
         return ns, meta
 
@@ -128,9 +147,10 @@ class RedisStore(LookupStore):
         now = now or utc_now()
         items = [str(i) for i in item_ids]
         ns, meta = self._namespace()
-        dim = int(meta.get("dim", 32))
+        dim = int(self.dim or meta.get("dim") or 32)
         if ns is None or not items:
-            return np.zeros((len(items), dim), np.float32), np.full(len(items), NONE, np.int8), meta.get("run_id")
+            return np.zeros((len(items), dim), np.float32), np.full(len(items), NONE, np.int8), \
+                meta.get("run_id") if ns else None
         pipe = self.redis.pipeline(transaction=False)
         pipe.hmget(f"{ns}:p:{user_id}", items)
         pipe.mget([f"{ns}:i:{i}" for i in items])
@@ -196,10 +216,10 @@ class RedisStore(LookupStore):
             return {"ready": False, "snapshot_run_id": None, "snapshot_versions": None, "snapshot_loaded_seconds_ago": 0.0,
                     "snapshot_stats": {}, "dim": None, "reloads": 0, "reload_failures": 0,
                     "last_error": f"redis unavailable: {e}", "misses": None, "backend": "redis"}
-        return {"ready": ns is not None, "snapshot_run_id": meta.get("run_id"), "snapshot_versions": None,
-                "snapshot_loaded_seconds_ago": 0.0, "snapshot_stats": meta.get("stats", {}), "dim": meta.get("dim"),
-                "reloads": 0, "reload_failures": 0, "last_error": None if ns else "nothing published to Redis yet",
-                "misses": None, "backend": "redis"}
+        return {"ready": ns is not None, "snapshot_run_id": meta.get("run_id") if ns else None, "snapshot_versions": None,
+                "snapshot_loaded_seconds_ago": 0.0, "snapshot_stats": meta.get("stats", {}) if ns else {},
+                "dim": self.dim or meta.get("dim"), "reloads": 0, "reload_failures": 0,
+                "last_error": meta.get("problem"), "misses": None, "backend": "redis"}
 
     def stop(self) -> None:
         self.redis.close()

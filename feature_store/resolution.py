@@ -92,6 +92,10 @@ def _vectors(col: pa.ChunkedArray, dim: int) -> tuple[np.ndarray, np.ndarray]:
     return out, ok
 
 
+class EmbeddingSizeMismatch(ValueError):
+    """The published tables hold embeddings of another size than the lookup answers with."""
+
+
 def infer_dim(*columns: pa.ChunkedArray, default: int) -> int:
     """The embedding size most rows have (a few wrong-sized rows must not decide it)."""
     sizes = [pc.list_value_length(c).drop_null().to_numpy(zero_copy_only=False) for c in columns if len(c)]
@@ -157,8 +161,16 @@ class Snapshot:
         means = means if means is not None else _empty_means()
         neighbors = neighbors if neighbors is not None else _empty_neighbors()
         item_means = item_means if item_means is not None else _empty_means("item_id")
-        dim = infer_dim(pairs["embedding"], means["embedding"], item_means["embedding"], default=dim or 32) \
-            if dim is None else dim
+        held = infer_dim(pairs["embedding"], means["embedding"], item_means["embedding"], default=dim or 32)
+        if dim is not None and held != dim:
+            # Most rows of another size would all be excluded: a lookup answering zeros for every
+            # pair while it says it is ready. Refuse the snapshot, so the store keeps serving the one
+            # before (or stays not ready) and says why.
+            raise EmbeddingSizeMismatch(
+                f"the published embeddings are {held} floats, the lookup answers {dim} (the registry's "
+                f"autoencoder, or [serve] dim): publish codes of the autoencoder the lookup is configured for, "
+                f"or set [serve] dim = {held}")
+        dim = held if dim is None else dim
         p_emb, p_ok = _vectors(pairs["embedding"], dim)
         m_emb, m_ok = _vectors(means["embedding"], dim)
         i_emb, i_ok = _vectors(item_means["embedding"], dim)

@@ -20,7 +20,8 @@ answered (tier ``none``); duplicate items are answered per position.
 
 The server is uvicorn (asyncio; httptools' C parser, which refuses malformed, duplicated or
 conflicting Content-Length and Transfer-Encoding headers with 400) running a starlette app, with a
-bounded listen backlog, at most ``[serve] max_connections`` connections (503 beyond), a deadline
+bounded listen backlog, at most ``[serve] max_connections`` connections (a new one beyond closes
+the connection idle longest; 503 only when every connection has a request in progress), a deadline
 per request (``request_timeout_seconds``: headers and body must arrive whole in time, or the
 connection is closed and nothing of it is processed), a keep-alive timeout and a graceful shutdown
 on SIGTERM or Ctrl-C that finishes requests in flight and then flushes the buffered misses.
@@ -104,6 +105,7 @@ class Metrics:
         self.latency = [0] * (len(LATENCY_BUCKETS_MS) + 1)
         self.latency_sum_ms = 0.0
         self.tiers = [0] * len(TIERS)
+        self.evicted_idle = 0  # idle connections closed to admit a new one (max_connections reached)
 
     def observe(self, status: int, ms: float, tiers: np.ndarray | None = None) -> None:
         counts = np.bincount(tiers, minlength=len(TIERS)) if tiers is not None and len(tiers) else None
@@ -114,6 +116,13 @@ class Metrics:
             if counts is not None:
                 for i, c in enumerate(counts):
                     self.tiers[i] += int(c)
+
+    def counts(self) -> dict:
+        """Requests by status and pairs by tier served, for ``/v1/status``."""
+        with self._lock:
+            return {"requests": {str(k): v for k, v in sorted(self.requests.items())},
+                    "errors": sum(v for k, v in self.requests.items() if k >= 400),
+                    "pairs": dict(zip(TIERS, self.tiers)), "connections_evicted": self.evicted_idle}
 
     def prometheus(self, status: dict) -> str:
         with self._lock:
@@ -129,10 +138,14 @@ class Metrics:
                       f"solaris_lookup_latency_ms_sum {self.latency_sum_ms:.3f}", f"solaris_lookup_latency_ms_count {cum}",
                       "# TYPE solaris_lookup_pairs_total counter"]
             lines += [f'solaris_lookup_pairs_total{{tier="{t}"}} {n}' for t, n in zip(TIERS, self.tiers)]
+            lines += ["# TYPE solaris_lookup_connections_evicted_total counter",
+                      f"solaris_lookup_connections_evicted_total {self.evicted_idle}"]
         misses = status.get("misses") or {}
         lines += [f"solaris_snapshot_ready {int(status['ready'])}",
                   f'solaris_snapshot_info{{run_id="{status["snapshot_run_id"] or ""}"}} 1',
-                  f"solaris_snapshot_age_seconds {status['snapshot_loaded_seconds_ago']}",
+                  # the data's age (now - the publication's interval end); the load's age beside it
+                  f"solaris_snapshot_age_seconds {status.get('snapshot_data_age_seconds') or 0}",
+                  f"solaris_snapshot_loaded_seconds_ago {status['snapshot_loaded_seconds_ago']}",
                   f"solaris_snapshot_pairs {status['snapshot_stats'].get('pairs', 0)}",
                   f"solaris_snapshot_reloads_total {status['reloads']}",
                   f"solaris_snapshot_reload_failures_total {status['reload_failures']}"]
@@ -140,6 +153,36 @@ class Metrics:
         if "buffered" in misses:
             lines.append(f"solaris_misses_buffered {misses['buffered']}")
         return "\n".join(lines) + "\n"
+
+
+def check_origin(headers) -> None:
+    """A lookup body must be declared JSON, and a request a browser sent on behalf of a web page
+    (it carries ``Origin``) is refused: a page may POST ``text/plain`` to a loopback address without
+    asking first, so without this any site a user opens could query the lookup and queue misses."""
+    ctype = next((v for k, v in headers if k == b"content-type"), b"").split(b";")[0].strip().lower()
+    if next((v for k, v in headers if k == b"origin"), None) is not None:
+        raise BadRequest(403, "requests from web pages (an Origin header) are not served")
+    if ctype != b"application/json":
+        raise BadRequest(415, f"Content-Type must be application/json, got {ctype.decode('latin-1') or 'none'!r}")
+
+
+def wants_binary(accept: bytes) -> bool:
+    """Whether ``Accept`` prefers the binary body: it names it with a q above 0 and at least the q
+    of JSON (``application/octet-stream;q=0`` means "not that")."""
+    q = {}
+    for part in accept.decode("latin-1").split(","):
+        kind, *params = [x.strip() for x in part.split(";")]
+        weight = 1.0
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    weight = float(value)
+                except ValueError:
+                    weight = 0.0
+        q[kind.lower()] = max(q.get(kind.lower(), 0.0), weight)
+    binary = q.get(BINARY_TYPE, 0.0)
+    return binary > 0 and binary >= q.get("application/json", 0.0)
 
 
 class RequestTooSlow(Exception):
@@ -195,16 +238,28 @@ def build_app(store, metrics: Metrics, max_items: int = 1000, max_body_bytes: in
     def error(status: int, message: str, **headers) -> JSONResponse:
         return JSONResponse({"error": message}, status_code=status, headers=headers or None)
 
+    # A store that waits on the network (Redis) is called from a worker thread, so one that hangs
+    # holds a thread for its timeout, not the event loop that /healthz and every other request need.
+    if getattr(store, "blocking", False):
+        from anyio import to_thread
+
+        async def call(fn, *args):
+            return await to_thread.run_sync(fn, *args)
+    else:
+        async def call(fn, *args):
+            return fn(*args)
+
     async def lookup(scope, receive, send):
         started = time.perf_counter()
         tiers, status = None, 200
         try:
+            check_origin(scope["headers"])
             body = await read_body(scope, receive, max_body_bytes)
             user, items, now = parse_request(body, max_items, allow_client_now)
-            emb, tiers, run_id = store.lookup(user, items, now)
+            emb, tiers, run_id = await call(store.lookup, user, items, now)
             headers = [(b"x-solaris-snapshot", (run_id or "").encode())]
             accept = next((v for k, v in scope["headers"] if k == b"accept"), b"")
-            if BINARY_TYPE.encode() in accept or b"format=binary" in scope.get("query_string", b"").split(b"&"):
+            if wants_binary(accept) or b"format=binary" in scope.get("query_string", b"").split(b"&"):
                 await respond(send, 200, encode_binary(emb, tiers), BINARY_TYPE, headers)
             else:
                 await respond(send, 200, _dumps({"snapshot": run_id, "dim": int(emb.shape[1]),
@@ -228,7 +283,7 @@ def build_app(store, metrics: Metrics, max_items: int = 1000, max_body_bytes: in
         return JSONResponse({"ok": True})
 
     async def readyz(request):
-        status = store.status()
+        status = await call(store.status)
         older = status.get("serving_older_publication")
         reason = (f"serving an older snapshot: newer publications failed to load "
                   f"({', '.join(sorted(status.get('skipped_publications', {})))})" if older else
@@ -238,10 +293,10 @@ def build_app(store, metrics: Metrics, max_items: int = 1000, max_body_bytes: in
                             status_code=200 if status["ready"] else 503)
 
     async def prometheus(request):
-        return Response(metrics.prometheus(store.status()), media_type="text/plain; version=0.0.4")
+        return Response(metrics.prometheus(await call(store.status)), media_type="text/plain; version=0.0.4")
 
     async def status(request):
-        return JSONResponse({**store.status(), "pid": os.getpid()})  # which worker answered
+        return JSONResponse({**(await call(store.status)), **metrics.counts(), "pid": os.getpid()})  # which worker answered
 
     async def http_error(request, exc: HTTPException):
         if exc.status_code == 404:
@@ -256,6 +311,9 @@ def build_app(store, metrics: Metrics, max_items: int = 1000, max_body_bytes: in
               Route("/metrics", prometheus, methods=["GET"]),
               Route("/v1/status", status, methods=["GET"])]  # GET routes answer HEAD too
     rest = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+    # No redirect from "/path/" to "/path": Starlette builds it from the Host header, which a client
+    # sets; an unknown path is a 404.
+    rest.router.redirect_slashes = False
 
     async def app(scope, receive, send):
         if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == "/v1/lookup":
@@ -311,12 +369,17 @@ class HeadLimits:
         return 431 if length > MAX_HEADER_LINE else None
 
 
-def deadline_protocol(request_timeout: float):
+def deadline_protocol(request_timeout: float, max_connections: int | None = None, metrics: "Metrics | None" = None):
     """uvicorn's httptools protocol with a deadline on every request: from a connection's first byte
     (and from each kept-alive request's first byte) to its last, at most ``request_timeout``
     seconds, or the connection is closed. Slow headers, a body shorter than its Content-Length, a
     TLS hello on the plain port or a silent connection then cost a socket for seconds, not for ever;
-    an idle kept-alive connection is closed by uvicorn's keep-alive timeout."""
+    an idle kept-alive connection is closed by uvicorn's keep-alive timeout.
+
+    At most ``max_connections`` connections: a new one beyond it closes the connection that has
+    been idle longest (no request of it in the app: kept alive between requests, or still sending
+    its head), so sockets held open and silent cannot lock every client out; only when every
+    connection has a request in the app is the new one answered 503 (counted in ``metrics``)."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     class DeadlineProtocol(HttpToolsProtocol):
@@ -325,14 +388,39 @@ def deadline_protocol(request_timeout: float):
         def connection_made(self, transport):
             super().connection_made(transport)
             self._limits = HeadLimits()
+            self._active_at = self.loop.time()
             self._arm()
+            if max_connections is not None and len(self.connections) > max_connections:
+                self._make_room()
+
+        def _idle(self) -> bool:
+            return self.cycle is None or self.cycle.response_complete
+
+        def _make_room(self):
+            idle = [c for c in self.connections if c is not self and c._idle() and not c.transport.is_closing()]
+            if idle:
+                oldest = min(idle, key=lambda c: c._active_at)
+                oldest.connections.discard(oldest)  # gone now, not when its close completes
+                oldest.transport.close()
+                if metrics is not None:
+                    with metrics._lock:
+                        metrics.evicted_idle += 1
+                return
+            self._refuse(b"503 Service Unavailable",
+                         f"every one of the {max_connections} connections has a request in progress")
+            if metrics is not None:
+                metrics.observe(503, 0.0)
 
         def data_received(self, data):
+            self._active_at = self.loop.time()
             refuse = self._limits.feed(data) if self._limits.in_head else None
             if refuse is None:
                 super().data_received(data)
                 return
-            status, message = HEAD_REFUSALS[refuse]
+            self._refuse(*HEAD_REFUSALS[refuse])
+
+        def _refuse(self, status: bytes, message: str):
+            """Answer ``status`` with a JSON error and close, before the HTTP parser or the app."""
             body = _dumps({"error": message})
             self.transport.write(b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\nconnection: close\r\n"
                                  + b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
@@ -396,8 +484,8 @@ class LookupServer:
         # A socket given is one that a parent bound and shares among its workers (serve_workers).
         self.socket = sock if sock is not None else listening_socket(host, port, backlog)
         config = uvicorn.Config(app, lifespan="off", access_log=False, log_level="warning", server_header=False,
-                                http=deadline_protocol(request_timeout), backlog=backlog,
-                                limit_concurrency=max_connections, timeout_keep_alive=keepalive_seconds,
+                                http=deadline_protocol(request_timeout, max_connections, self.metrics), backlog=backlog,
+                                timeout_keep_alive=keepalive_seconds,
                                 timeout_graceful_shutdown=10)
         self.server = uvicorn.Server(config)
         self._done = threading.Event()
@@ -459,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = cfg.with_overrides(serve={k: v for k, v in flags.items() if v is not None},
                              redis={"url": a.redis_url} if a.redis_url else {})
     sc = cfg.serve
-    dim = configured_dim(cfg) if sc.backend == "embedded" else None
+    dim = configured_dim(cfg)
     sock = listening_socket(sc.host, sc.port, sc.backlog)
     if sc.workers == 1:
         return serve_one(cfg, dim, sock)
@@ -471,11 +559,11 @@ def open_store(cfg, dim: int | None):
     if sc.backend == "redis":
         from feature_store.redis_store import RedisStore
 
-        return RedisStore(cfg.redis.url, prefix=cfg.redis.prefix)
+        return RedisStore(cfg.redis.url, prefix=cfg.redis.prefix, dim=dim)
     from feature_store.online import OnlineStore
 
     return OnlineStore(cfg.lake.tables_path, dim=dim, poll_seconds=sc.poll_seconds, record_misses=sc.record_misses,
-                       miss_flush_seconds=sc.miss_flush_seconds).start()
+                       miss_flush_seconds=sc.miss_flush_seconds, miss_per_user=sc.miss_per_user).start()
 
 
 def serve_one(cfg, dim: int | None, sock, worker: str = "") -> int:
@@ -513,6 +601,7 @@ def serve_workers(cfg, dim: int | None, sock, workers: int) -> int:
         if pid == 0:
             code = 1
             try:
+                die_with_parent()
                 signal.signal(signal.SIGINT, signal.default_int_handler)
                 code = serve_one(cfg, dim, sock, worker=f" worker {n + 1}/{workers} (pid {os.getpid()})")
             except BaseException:  # noqa: BLE001 - report it; the parent sees the exit code
@@ -529,18 +618,41 @@ def serve_workers(cfg, dim: int | None, sock, workers: int) -> int:
             except ProcessLookupError:
                 pass
 
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
+    stopping = []
+
+    def stop(signum, frame):
+        stopping.append(signum)
+        forward(signum, frame)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     status = 0
     while children:
         pid, code = os.wait()
         children.remove(pid)
         code = os.waitstatus_to_exitcode(code)
-        if code != 0 and status == 0:
-            log.error("worker pid %d exited with %d: stopping the others", pid, code)
+        # Any worker that ends while no stop was asked for (even with 0) leaves the server short-handed.
+        if not stopping and status == 0:
+            log.error("worker pid %d exited with %d while serving: stopping the others", pid, code)
             status = 1
             forward(signal.SIGTERM, None)
+        elif code != 0 and status == 0:
+            status = 1
     return status
+
+
+def die_with_parent() -> None:
+    """Linux: this process gets SIGTERM when its parent dies, even by SIGKILL, so no worker is left
+    holding the port with nobody to restart or stop it. Elsewhere nothing."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the parent died before the call: go now
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 if __name__ == "__main__":

@@ -130,9 +130,28 @@ def load(path: Path, module_cls: type[nn.Module], config_cls: type, map_location
                 "; ".join(f"{k}: stored {got.get(k)}, config gives {want.get(k)}"
                           for k in sorted(set(got) | set(want)) if got.get(k) != want.get(k))[:500])
         raise CheckpointMismatch(f"{path}: weights do not fit {module_cls.__name__}: {diff}")
+    hollow = unbacked_tensors(state)
+    if hollow:
+        raise CheckpointMismatch(f"{path}: weights do not fit {module_cls.__name__}: tensors not backed by stored "
+                                 f"data (a forged or corrupt weights.pt): {', '.join(hollow[:5])}")
     model = module_cls(cfg)
     model.load_state_dict(state, strict=True)
     return model.eval()
+
+
+def unbacked_tensors(state: dict) -> list[str]:
+    """Names of the tensors of ``state`` whose shape claims more elements than their storage holds
+    (a stride of 0 repeats one stored value over a shape of any size), each with its shape and
+    stride. The loader copies every tensor into a module allocated from the config's sizes, so a
+    69 KB file of such tensors would make it allocate gigabytes: they are refused before any
+    allocation. Tensors sharing one storage (tied weights) are backed and pass."""
+    out = []
+    for name, t in state.items():
+        need = (t.storage_offset() + t.numel()) * t.element_size()
+        if not t.is_contiguous() or t.untyped_storage().nbytes() < need:
+            out.append(f"{name} (shape {tuple(t.shape)}, stride {t.stride()}, "
+                       f"{t.untyped_storage().nbytes()} stored bytes)")
+    return out
 
 
 def stored_class(path: Path) -> str:

@@ -97,15 +97,24 @@ def parse_impressions(raw: DataFrame, spec: ImpressionLogSpec, quality) -> DataF
                       raw_text.alias("raw"), reason.alias("reason"))
 
 
-def mark_inconsistent(parsed: DataFrame) -> DataFrame:
+def mark_inconsistent(parsed: DataFrame, max_candidates: int) -> DataFrame:
     """Among good rows: a request whose rows name more than one user or time is not one request
-    (all its rows are quarantined), and a second row of the same (request, item) is a repeat."""
+    (all its rows are quarantined), a request of more than ``max_candidates`` rows is quarantined
+    whole (``[quality] max_candidates_per_request``: one such request once failed the whole file's
+    quality check), and a second row of the same (request, item) is a repeat."""
     good = F.col("reason").isNull()
     req = Window.partitionBy("request_id", good)
-    first = Window.partitionBy("request_id", "item_id", good).orderBy("raw")
+    # of a repeated (request, item), the row kept is the one with the click (and the conversion):
+    # a click logged twice, once before its label arrived, is a click
+    first = Window.partitionBy("request_id", "item_id", good).orderBy(
+        F.desc_nulls_last("label"), F.desc_nulls_last("conversion"), "raw")
     disagree = (F.size(F.collect_set("user_id").over(req)) > 1) | (F.size(F.collect_set("ts").over(req)) > 1)
+    items = F.size(F.collect_set("item_id").over(req))
     return (parsed
             .withColumn("reason", F.when(good & disagree, F.lit("request rows disagree on the user or the time"))
+                        .when(good & (items > max_candidates),
+                              F.concat(F.lit(f"request of more than {max_candidates} candidates "
+                                             f"([quality] max_candidates_per_request): "), items.cast("string")))
                         .otherwise(F.col("reason")))
             .withColumn("_n", F.when(F.col("reason").isNull(), F.row_number().over(first)))
             .withColumn("reason", F.when(F.col("_n") > 1, F.lit("repeated item in request")).otherwise(F.col("reason")))
@@ -127,7 +136,8 @@ def ingest(spark, cfg, path: str, spec: ImpressionLogSpec, fmt: str = "csv", ite
     started = time.perf_counter()
     raw = read_raw(spark, path, fmt, spec.encoding)
     spec = check_columns(raw, spec, path, REQUIRED)
-    parsed = mark_inconsistent(parse_impressions(raw, spec, cfg.quality)).persist()
+    parsed = mark_inconsistent(parse_impressions(raw, spec, cfg.quality),
+                               cfg.quality.max_candidates_per_request).persist()
     try:
         records_in, blanks = count_records(spark, parsed, path, fmt)
         ingested_at = lake.utc_now()  # bookkeeping, not data selection

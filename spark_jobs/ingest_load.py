@@ -56,6 +56,7 @@ class IngestReport:
     quality_report: str | None = None
     popularity_auc: float | None = None  # single-feature AUCs of generated candidates (click logs only)
     recent_click_auc: float | None = None
+    known_item_auc: float | None = None
     position_auc: float | None = None
     leaks: tuple[str, ...] = ()  # generated candidates: statistics outside [quality]'s band, as "prior popularity AUC 0.017"
     candidates: str | None = None  # "generated" (a click log: SOLARIS drew the negatives) or "logged" (as shown)
@@ -76,9 +77,10 @@ class IngestReport:
     def leak_lines(self) -> list[str]:
         if self.popularity_auc is None:
             return []
+        stats = {"prior popularity": self.popularity_auc, "recent click": self.recent_click_auc,
+                 "known item": self.known_item_auc, "position": self.position_auc}
         out = [f"  leak check, single-feature AUC of the requests (0.5: no signal): "
-               f"prior popularity {self.popularity_auc:.3f}, recent click {self.recent_click_auc:.3f}, "
-               f"position {self.position_auc:.3f}"
+               + ", ".join(f"{name} {v:.3f}" for name, v in stats.items() if v is not None)
                + ("" if self.candidates == "generated" else " (logged impressions: reported, not judged)")]
         out += [f"  WARNING: {finding} alone separates clicks from negatives: a model trained on these requests "
                 f"learns the generator; training refuses this source unless --allow-leaking-candidates"
@@ -118,6 +120,10 @@ def write_ingest(spark, cfg, *, source: str, input_path: str, records_in: int, r
     on them. ``generated``: the candidates were drawn by SOLARIS (a click log), so a statistic
     outside the band is a leak that training refuses; logged impressions are reported, not judged.
     ``truth``: known click probabilities of a simulated log, written to ``truth``."""
+    if (problem := source_problem(source)) is not None:
+        from spark_jobs.ingest_clicklog import InputError
+
+        raise InputError(problem)
     ensure_tables(spark, cfg)
     cached = []
 
@@ -183,6 +189,16 @@ def write_ingest(spark, cfg, *, source: str, input_path: str, records_in: int, r
 
 
 ALREADY_INGESTED = "request already ingested from another input"
+REUSED_ID = "request_id already used by another request of this source"
+
+
+def source_problem(source: str) -> str | None:
+    """Why ``source`` cannot name a log, or None. Request ids are stored as "<source>:<id>", so a
+    ':' in a source would let "a:b" + "c" and "a" + "b:c" name one request."""
+    if not source or ":" in source or source != source.strip() or any(ord(c) < 32 for c in source):
+        return (f"source name {source!r} is not usable: it must be non-empty, without ':' (request ids are "
+                f"stored as '<source>:<id>'), spaces at its ends or control characters")
+    return None
 
 
 def _without_other_inputs(spark, cfg, source: str, input_path: str, requests: DataFrame, events: DataFrame):
@@ -201,11 +217,14 @@ def _without_other_inputs(spark, cfg, source: str, input_path: str, requests: Da
         table = spark.table(qualified_name(spec, cfg.lake.database))
         return in_time_range(table, lo, hi + timedelta(microseconds=1)).where(other).select(*columns).distinct()
 
-    repeated = requests.limit(0)
-    taken = rows_of_others(REQUEST_LOG, requests, ["request_id"])
-    if taken is not None:
-        repeated = requests.join(taken, "request_id", "left_semi")
-        requests = requests.join(taken, "request_id", "left_anti")
+    # Request ids are looked up in every other input of the source, whatever its time: a request id
+    # reused at another time (by another user) is refused as well as one ingested twice. Only the
+    # request_id column is read.
+    ids = requests.select("request_id").distinct()
+    taken = (spark.table(qualified_name(REQUEST_LOG, cfg.lake.database)).where(other)
+             .select("request_id").distinct().join(ids, "request_id", "left_semi"))
+    repeated = requests.join(taken, "request_id", "left_semi")
+    requests = requests.join(taken, "request_id", "left_anti")
     present = 0
     key = list(USER_EVENTS.primary_key)
     there = rows_of_others(USER_EVENTS, events, key)
@@ -213,9 +232,17 @@ def _without_other_inputs(spark, cfg, source: str, input_path: str, requests: Da
         present = events.join(there, key, "left_semi").count()
         if present:
             events = events.join(there, key, "left_anti")
+    held = (spark.table(qualified_name(REQUEST_LOG, cfg.lake.database)).where(other)
+            .join(repeated.select("request_id").distinct(), "request_id", "left_semi")
+            .groupBy("request_id").agg(F.first("user_id").alias("held_user"), F.min("ts").alias("held_ts"),
+                                       F.first("input_path").alias("held_input")))
     bad = (repeated.groupBy("request_id", "user_id", "ts").agg(F.sort_array(F.collect_list("item_id")).alias("item_ids"))
+           .join(held, "request_id", "left")
            .select(F.to_json(F.struct("request_id", "user_id", F.col("ts").cast("string").alias("ts"), "item_ids")).alias("raw"),
-                   F.lit(ALREADY_INGESTED).alias("reason")))
+                   F.when((F.col("held_user") == F.col("user_id")) & (F.col("held_ts") == F.col("ts")), F.lit(ALREADY_INGESTED))
+                   .otherwise(F.concat(F.lit(f"{REUSED_ID}: "), F.coalesce("held_input", F.lit("?")),
+                                       F.lit(" has it for user "), F.col("held_user"), F.lit(" at "),
+                                       F.col("held_ts").cast("string"))).alias("reason")))
     return requests, events, bad, present
 
 

@@ -8,10 +8,18 @@ that MERGE fail with a concurrent-append conflict, after the embeddings were wri
 
 Rows of lakes written before the split carry their run in ``miss_queue.consumed_by_run``; both
 places are read.
+
+``prune`` keeps the queue bounded: each run deletes the rows older than
+``[precompute] queue_retention_hours``. The lookup's appends are committed as blind appends (they
+read nothing) to a table at WriteSerializable isolation, where Delta lets a DELETE commit beside
+them; a DELETE that still loses a race is tried again and otherwise left to the next run, with
+every row still there.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from datetime import datetime
 
 from pyspark.sql import DataFrame
@@ -21,6 +29,7 @@ from feature_store import lake
 from feature_store.tables import MISS_CONSUMPTION, MISS_QUEUE, conform, qualified_name
 
 KEY = list(MISS_QUEUE.primary_key)
+log = logging.getLogger("solaris.miss_queue")
 
 
 def waiting(spark, db: str, before: datetime | None = None, run_id: str | None = None) -> DataFrame:
@@ -50,3 +59,22 @@ def with_consumption(spark, db: str) -> DataFrame:
     taken = spark.table(qualified_name(MISS_CONSUMPTION, db)).withColumnRenamed("consumed_by_run", "run")
     return (spark.table(qualified_name(MISS_QUEUE, db)).join(taken, KEY, "left")
             .withColumn("consumed_by_run", F.coalesce("consumed_by_run", "run")).drop("run"))
+
+
+def prune(cfg, before: datetime, attempts: int = 3) -> int:
+    """Delete the queue rows requested before ``before`` and their consumption rows; returns how
+    many queue rows went (0 when every attempt lost a write race: they go next run)."""
+    from deltalake.exceptions import CommitFailedError
+
+    for attempt in range(1, attempts + 1):
+        try:
+            n = lake.delete_before(cfg, MISS_QUEUE, "requested_at", before)
+            break
+        except CommitFailedError as e:
+            if attempt == attempts:
+                log.warning("miss_queue: rows older than %s not pruned, another writer won %d times (%s); "
+                            "the next run tries again", before, attempts, str(e).splitlines()[0][:200])
+                return 0
+            time.sleep(0.5 * attempt)
+    lake.delete_before(cfg, MISS_CONSUMPTION, "requested_at", before)  # precompute is its only writer
+    return n

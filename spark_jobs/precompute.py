@@ -38,6 +38,7 @@ class RunCounters:
     expired_removed: int
     queue_in: int
     queue_waiting: int
+    queue_pruned: int
     vm_version: str
     fm_version: str
     seconds: float
@@ -119,6 +120,7 @@ def run(spark, cfg, t: datetime) -> RunCounters:
     lap("embed+merge")
 
     miss_queue.consume(spark, cfg, queue, audit.where(F.col("origin") == "miss_queue"), run_id)
+    pruned = miss_queue.prune(cfg, t - timedelta(hours=pc.queue_retention_hours))
 
     lap("miss queue")
     expired = expire(spark, cfg, t)
@@ -133,7 +135,7 @@ def run(spark, cfg, t: datetime) -> RunCounters:
                            pairs_considered=counts.scored, pairs_scored=counts.scored,
                            pairs_selected=counts.selected or 0, already_fresh=counts.fresh or 0,
                            pairs_embedded=n_embedded, expired_removed=expired, queue_in=counts.queue_in or 0,
-                           queue_waiting=waiting, vm_version="/".join(models["vm"].rsplit("/", 2)[-2:]),
+                           queue_waiting=waiting, queue_pruned=pruned, vm_version="/".join(models["vm"].rsplit("/", 2)[-2:]),
                            fm_version=fm_version, seconds=round(time.perf_counter() - started, 2))
     row = conform(spark.createDataFrame([counters.row()], PRECOMPUTE_RUNS.schema()), PRECOMPUTE_RUNS)
     lake.upsert(spark, cfg, PRECOMPUTE_RUNS, row)

@@ -191,3 +191,17 @@ def test_the_public_images_are_the_defaults_and_each_can_be_swapped(config):
     svc = config["services"]
     assert (svc["postgres"]["image"], svc["redis"]["image"]) == ("postgres:16", "redis:7")
     assert svc["lookup"]["build"]["args"]["BASE"] == "python:3.11-slim-bookworm"
+
+
+def test_the_secrets_file_is_private_ignored_and_never_overwritten(tmp_path):
+    import stat
+
+    from include.compose_secrets import main
+
+    out = tmp_path / ".env"
+    assert main(["--out", str(out)]) == 0
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600 and "AIRFLOW_FERNET_KEY=" in out.read_text()
+    before = out.read_text()
+    assert main(["--out", str(out)]) == 2 and out.read_text() == before  # the keys the data was encrypted with stay
+    ignored = subprocess.run(["git", "check-ignore", "-q", ".env"], cwd=ROOT)
+    assert ignored.returncode == 0, ".env must be in .gitignore"

@@ -113,3 +113,50 @@ def test_float_labels_are_read_and_other_label_values_are_quarantined_not_nulled
     q = {(r["reason"], r["value"]) for r in table(spark, cfg, "request_log_quarantine").collect()}
     assert q == {*(("label not 0, 1 or empty", v) for v in ("NaN", "true", "inf", "1.5")),
                  ("conversion not 0, 1 or empty", "NaN")}, q
+
+
+def test_a_request_id_reused_by_another_file_is_quarantined_and_a_source_with_a_colon_refused(spark, make_cfg, tmp_path):
+    """Request ids are stored as "<source>:<id>". The same id in another file, at another time and
+    for another user, is a different request: it is quarantined with who holds the id, never
+    written under two users. A source name with ':' could make two requests one id: refused."""
+    cfg = make_cfg("imp_reused_ids")
+    first, second = tmp_path / "day1.csv", tmp_path / "day2.csv"
+    first.write_text("\n".join([HEADER, f"r1,u1,i1,{H0},0,1,,1,0,3,1", f"r1,u1,i2,{H0},1,0,,1,0,3,1",
+                                f"r2,u2,i1,{H0 + 60_000},0,0,,1,0,3,1"]) + "\n")
+    day2 = H0 + 86_400_000 * 3  # three days later, far outside the first file's time range
+    second.write_text("\n".join([HEADER, f"r1,u9,i3,{day2},0,1,,1,0,3,1", f"r3,u3,i1,{day2},0,1,,1,0,3,1"]) + "\n")
+    for path in (first, second):
+        ii.ingest(spark, cfg, str(path), ii.spec_from_args(ii.parse_args(["--input", str(path)])))
+    users = {r.user_id for r in table(spark, cfg, "request_log").where("request_id = 'impressions:r1'").collect()}
+    assert users == {"u1"}
+    q = [(r.reason, r.value) for r in table(spark, cfg, "request_log_quarantine").collect()]
+    assert len(q) == 1 and q[0][0] == "request_id already used by another request of this source"
+    assert "has it for user u1 at 2026-01-05 00:00:00" in q[0][1] and "day1.csv" in q[0][1]
+    with pytest.raises(ii.InputError, match="source name 'a:b' is not usable"):
+        ii.ingest(spark, cfg, str(second), ii.spec_from_args(ii.parse_args(["--input", str(second), "--source", "a:b"])))
+
+
+def test_a_request_of_too_many_candidates_is_quarantined_not_the_file(spark, make_cfg, tmp_path):
+    """One request of 501 candidates (above [quality] max_candidates_per_request) once failed the
+    whole file's quality check with a traceback; it is quarantined whole and the rest lands."""
+    cfg = make_cfg("imp_too_many_candidates")
+    big = [f"big,u1,i{n},{H0},{n},{int(n == 0)},,1,0,3,1" for n in range(501)]
+    small = [f"ok,u2,i{n},{H0 + 60_000},{n},{int(n == 1)},,1,0,3,1" for n in range(3)]
+    path = tmp_path / "big.csv"
+    path.write_text("\n".join([HEADER, *big, *small]) + "\n")
+    report = ii.ingest(spark, cfg, str(path), ii.spec_from_args(ii.parse_args(["--input", str(path)])))
+    assert (report.request_rows, report.quarantined) == (3, 501)
+    reasons = {(r.reason, r.value) for r in table(spark, cfg, "request_log_quarantine").collect()}
+    assert reasons == {("request of more than 500 candidates ([quality] max_candidates_per_request)", "501")}
+
+
+def test_a_repeated_candidate_keeps_its_click(spark, make_cfg, tmp_path):
+    """The same (request, item) twice with conflicting labels: the click is kept, the other row is
+    quarantined as the repeat (whichever order the file has them in)."""
+    cfg = make_cfg("imp_repeat_keeps_click")
+    path = tmp_path / "repeat.csv"
+    path.write_text("\n".join([HEADER, f"a,u1,i1,{H0},0,0,,1,0,3,1", f"a,u1,i1,{H0},0,1,,1,0,3,1",
+                                f"b,u2,i1,{H0},0,1,,1,0,3,1", f"b,u2,i1,{H0},0,0,,1,0,3,1"]) + "\n")
+    report = ii.ingest(spark, cfg, str(path), ii.spec_from_args(ii.parse_args(["--input", str(path)])))
+    assert (report.request_rows, report.quarantined) == (2, 2)
+    assert sorted(r.label for r in table(spark, cfg, "request_log").collect()) == [1, 1]

@@ -164,6 +164,19 @@ def test_weights_that_are_not_a_state_dict_are_a_checkpoint_mismatch(tmp_path):
         registry.load(path, EmbeddingAutoencoder, AEConfig)
 
 
+def test_weights_of_repeated_values_are_refused_before_any_allocation(tmp_path):
+    """A forged weights.pt of stride-0 tensors: each holds one value but claims the full shape the
+    config gives, so a few KB stand for gigabytes; the loader refuses it before building the module."""
+    ae = EmbeddingAutoencoder(AEConfig(input_dim=24, code_dim=4))
+    path = registry.save(tmp_path, "ae", ae, {}, {})
+    forged = {k: torch.zeros(1).expand(*v.shape) if v.dim() else v for k, v in ae.state_dict().items()}
+    torch.save(forged, path / "weights.pt")
+    with pytest.raises(registry.CheckpointMismatch, match=r"not backed by stored data.*encoder.0.weight \(shape \(128, 24\), stride \(0, 0\)"):
+        registry.load(path, EmbeddingAutoencoder, AEConfig)
+    torch.save(ae.state_dict(), path / "weights.pt")  # the real weights still load
+    assert isinstance(registry.load(path, EmbeddingAutoencoder, AEConfig), EmbeddingAutoencoder)
+
+
 def _fit_tiny_vm(**cfg):
     """A VM trained a few steps on rows whose hours are 0..11 and whose ids never include the unknown id
     (no weight decay: a row moves only when the data reach it)."""

@@ -107,8 +107,8 @@ def test_next_run_skips_fresh_pairs_and_takes_in_the_miss_queue(spark, lake):
 
 def test_a_lookup_flushing_misses_during_a_run_never_fails_it(spark, lake_root, base_lake):
     """The lookup appends to miss_queue every few seconds; precompute, running at the same time,
-    still finishes, records its counters and takes in the queue (its consumption once conflicted
-    with every append that landed during the run)."""
+    still finishes, records its counters, takes in the queue (its consumption once conflicted
+    with every append that landed during the run) and prunes the rows past the retention."""
     import threading
 
     from feature_store.online import MissRecorder
@@ -121,7 +121,10 @@ def test_a_lookup_flushing_misses_during_a_run_never_fails_it(spark, lake_root, 
                                      models={"device": "cpu"}))
     ensure_tables(spark, lake, (MISS_QUEUE,))  # the flusher never creates it
     t3 = T + timedelta(hours=2)
-    recorder = MissRecorder(lake.lake.tables_path, flush_seconds=0.05).start()
+    recorder = MissRecorder(lake.lake.tables_path, flush_seconds=0.05)
+    recorder.add("u_old", [f"i_old{n}" for n in range(7)], t3 - timedelta(hours=30))  # past the 24 h retention
+    assert recorder.flush() == 7
+    recorder.start()
     stop = threading.Event()
 
     def traffic():
@@ -145,6 +148,12 @@ def test_a_lookup_flushing_misses_during_a_run_never_fails_it(spark, lake_root, 
     taken = {r.consumed_by_run for r in miss_queue.with_consumption(spark, lake.lake.database)
              .where(F.col("user_id") == "u_busy").collect()}
     assert c.run_id in taken
+    # the old rows were pruned while the appends went on (they are blind appends, which a DELETE
+    # commits beside), and every row the flusher wrote is still there
+    assert c.queue_pruned == 7
+    queue = tbl(spark, lake, "miss_queue")
+    assert queue.where(F.col("user_id") == "u_old").count() == 0
+    assert queue.where(F.col("user_id") == "u_busy").count() == recorder.flushed - 7
 
 
 def test_expired_rows_are_removed_and_never_counted_fresh(spark, lake):
@@ -210,6 +219,20 @@ def test_queued_misses_are_bounded_per_user_and_per_run(spark):
     tight = replace(p, queue_max_pairs=4)
     got = sorted((r.user_id, r.item_id) for r in speculate.candidates(reqs, misses, tight).collect() if r.origin == "miss_queue")
     assert got == [("f", "i000"), ("f", "i001"), ("f", "i002"), ("g", "j1")]  # the oldest waits
+
+
+def test_misses_of_users_with_traffic_go_first(spark):
+    """450 invented users flood the queue with fresh misses; the one real user (with requests in the
+    window) missed earlier. The run takes the real user's misses before any invented one."""
+    p = PrecomputeConfig(lookback_hours=3, recent_items_per_user=1, trending_items=1, queue_per_user=50,
+                         queue_max_pairs=100)
+    reqs = spark.createDataFrame([("r1", "real", "x", T - timedelta(hours=1), 1, "d", "s")],
+                                 "request_id string, user_id string, item_id string, ts timestamp, label int, device string, surface string")
+    fake = [(f"fake{u}", f"i{k}", T - timedelta(seconds=u + k)) for u in range(450) for k in range(50)]
+    real = [("real", f"r{k}", T - timedelta(hours=2, seconds=k)) for k in range(50)]
+    misses = spark.createDataFrame(fake + real, "user_id string, item_id string, requested_at timestamp")
+    got = [r for r in speculate.candidates(reqs, misses, p).collect() if r.origin == "miss_queue"]
+    assert len(got) == 100 and sum(r.user_id == "real" for r in got) == 50
 
 
 def test_flipped_bytes_inside_a_page_fail_the_load_instead_of_being_served(spark, lake, tmp_path, make_cfg):

@@ -88,7 +88,7 @@ def test_a_new_publication_switches_the_pointer_and_expires_the_old_namespace(pu
     from feature_store.redis_store import RedisStore
     from feature_store.redis_store import publish as publish_redis
 
-    root, _, _ = published
+    root, _, first = published
     write_version(root, seed=4)
     publish(root, "2026-01-05T13:00:00")
     pub = latest_publication(root)
@@ -96,8 +96,9 @@ def test_a_new_publication_switches_the_pointer_and_expires_the_old_namespace(pu
     r = redis.Redis.from_url(redis_url)
     counts = publish_redis(snap, r, prefix="t", grace_seconds=60)
     assert counts["old_keys_expiring"] > 0
-    assert r.get("t:current") == b"t:2026-01-05T13:00:00"
-    assert 0 < r.ttl(next(iter(r.scan_iter(match="t:2026-01-05T12:00:00:p:*")))) <= 60
+    assert r.get("t:current").startswith(b"t:2026-01-05T13:00:00:") and counts["namespace"] == r.get("t:current").decode()
+    # the namespace it replaced (an earlier test's copies may still be expiring with their own grace)
+    assert 0 < r.ttl(next(iter(r.scan_iter(match=f"{first['namespace']}:p:*")))) <= 60
     store = RedisStore(redis_url, prefix="t", pointer_seconds=0)
     emb, tiers, run_id = store.lookup("u3", ITEMS, NOW)
     want_emb, want_tiers = snap.lookup("u3", ITEMS, NOW)
@@ -153,32 +154,44 @@ def start_redis(tmp_path, port):
     raise RuntimeError("redis-server did not start")
 
 
+def serve_on_own_redis(tmp_path, snap, prefix: str):
+    """A redis-server of the test's own with ``snap`` published, and a lookup server over it:
+    (redis process, its url, store, server). The caller stops them."""
+    import redis
+
+    from feature_store.redis_store import RedisStore
+    from feature_store.redis_store import publish as publish_redis
+
+    port = free_port()
+    proc = start_redis(tmp_path, port)
+    url = f"redis://127.0.0.1:{port}/0"
+    publish_redis(snap, redis.Redis.from_url(url), prefix=prefix)
+    store = RedisStore(url, prefix=prefix, pointer_seconds=0)
+    srv = LookupServer(store, "127.0.0.1", 0, allow_client_now=True)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return proc, url, store, srv
+
+
 def test_redis_down_while_serving_is_a_clear_503_and_serving_resumes(tmp_path, redis_url):
     """Redis stops under a running lookup: requests get 503 with the reason and Retry-After (fast, not
     hung), /readyz says not ready; once Redis and its data are back, answers come again."""
     import redis
 
-    from feature_store.redis_store import RedisStore
     from feature_store.redis_store import publish as publish_redis
 
     root = tmp_path / "tables"
     write_version(root, seed=3)
     publish(root, "2026-01-05T12:00:00")
     snap = Snapshot.load(root, latest_publication(root).versions, run_id="2026-01-05T12:00:00")
-    port = free_port()
-    proc = start_redis(tmp_path, port)
-    url = f"redis://127.0.0.1:{port}/0"
-    publish_redis(snap, redis.Redis.from_url(url), prefix="d")
-    store = RedisStore(url, prefix="d", pointer_seconds=0)
-    srv = LookupServer(store, "127.0.0.1", 0, allow_client_now=True)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    proc, url, store, srv = serve_on_own_redis(tmp_path, snap, "d")
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
     try:
         with LookupClient(srv.url) as c:
             assert c.lookup("u17", ITEMS, NOW)[2] == "2026-01-05T12:00:00"
             proc.terminate()
             proc.wait(10)
             started = time.time()
-            code, headers, body = c.request("POST", "/v1/lookup", b'{"user_id": "u17", "item_ids": ["i1"]}')
+            code, headers, body = c.request("POST", "/v1/lookup", b'{"user_id": "u17", "item_ids": ["i1"]}', {"Content-Type": "application/json"})
             assert code == 503 and headers["retry-after"] == "1" and b"redis unavailable" in body
             assert time.time() - started < 3
             status, ready = c.get_json("/readyz")
@@ -267,3 +280,82 @@ def test_the_item_tier_on_redis_equals_the_embedded_snapshot(tmp_path, redis_url
     assert tiers.tolist() == [ITEM_MEAN, 3, ITEM_MEAN]  # a stranger gets the item's mean, never an expired one
     assert {ITEM_MEAN, NEIGHBOR} <= seen
     store.stop()
+
+
+def test_a_republished_run_gets_a_new_namespace_and_leaves_nothing_behind(published, redis_url):
+    """Publishing the same run again (after its tables changed, e.g. a rerun that dropped pairs)
+    writes a fresh namespace and switches to it: a pair the new copy lacks is no longer served."""
+    import redis
+
+    from feature_store.redis_store import RedisStore
+    from feature_store.redis_store import publish as publish_redis
+
+    _, snap, first = published
+    r = redis.Redis.from_url(redis_url)
+    store = RedisStore(redis_url, prefix="t", pointer_seconds=0)
+    _, tiers, _ = store.lookup("u3", ITEMS, NOW)
+    assert 0 in tiers  # u3 has exact pairs
+    empty = Snapshot.from_arrow(None, None, None, snap.dim, snap.run_id)  # the same run, now without rows
+    second = publish_redis(empty, r, prefix="t", grace_seconds=60)
+    assert second["namespace"] != first["namespace"] and second["old_keys_expiring"] > 0
+    _, tiers, run_id = store.lookup("u3", ITEMS, NOW)
+    assert run_id == snap.run_id and list(tiers) == [3] * len(ITEMS)
+
+
+def test_a_stale_pointer_or_codes_of_another_size_are_not_ready(published, redis_url):
+    """The pointer names a namespace whose keys are gone (expired, flushed): not ready, and says
+    so, instead of ready with zeros. Codes of another size than the lookup answers: the same."""
+    import redis
+
+    from feature_store.redis_store import RedisStore
+
+    _, snap, counts = published
+    wrong = RedisStore(redis_url, prefix="t", pointer_seconds=0, dim=snap.dim * 2)
+    status = wrong.status()
+    assert not status["ready"] and f"published embeddings are {snap.dim} floats" in status["last_error"]
+    emb, tiers, _ = wrong.lookup("u3", ITEMS, NOW)
+    assert emb.shape == (len(ITEMS), snap.dim * 2) and list(tiers) == [3] * len(ITEMS)
+    r = redis.Redis.from_url(redis_url)
+    for key in r.scan_iter(match=f"{counts['namespace']}:*"):
+        r.delete(key)
+    store = RedisStore(redis_url, prefix="t", pointer_seconds=0)
+    status = store.status()
+    assert not status["ready"] and "is gone (expired or flushed)" in status["last_error"]
+    assert store.lookup("u3", ITEMS, NOW)[2] is None
+
+
+def test_a_hung_redis_never_stalls_healthz(published, redis_url, tmp_path):
+    """Redis stops answering (SIGSTOP: connections open, no replies). Lookups fail with 503 after
+    the store's timeout, on worker threads; /healthz stays fast all the while."""
+    import signal
+
+    _, snap, _ = published
+    proc, _, store, srv = serve_on_own_redis(tmp_path, snap, "t")
+    results = []
+    try:
+        proc.send_signal(signal.SIGSTOP)
+
+        def lookup():
+            with LookupClient(srv.url, binary=False) as c:
+                results.append(c.request("POST", "/v1/lookup", b'{"user_id": "u3", "item_ids": ["i1"]}',
+                                         {"Content-Type": "application/json"})[0])
+
+        callers = [threading.Thread(target=lookup) for _ in range(8)]
+        for t in callers:
+            t.start()
+        slowest = 0.0
+        with LookupClient(srv.url, binary=False) as c:
+            for _ in range(10):
+                started = time.perf_counter()
+                assert c.request("GET", "/healthz")[0] == 200
+                slowest = max(slowest, time.perf_counter() - started)
+        for t in callers:
+            t.join(30)
+        assert results == [503] * 8 and slowest < 0.3, (results, slowest)
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        srv.shutdown()
+        srv.server_close()
+        store.stop()
+        proc.terminate()
+        proc.wait(timeout=10)

@@ -2,6 +2,7 @@
 under load, fed bad input. Tables are written with delta-rs in the declared schemas."""
 
 import json
+import re
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -271,6 +272,24 @@ def test_a_full_miss_buffer_drops_and_counts_without_blocking(tmp_path):
     assert (rec.flushed, rec.flush_errors) == (3, 1)
 
 
+def test_one_client_cannot_flood_the_miss_queue(tmp_path):
+    """A client replaying the same misses, or one user asking for thousands of items, queues each
+    pair once and at most ``per_user`` pairs per flush interval; other users' misses still fit."""
+    from feature_store.online import MissRecorder
+
+    rec = MissRecorder(tmp_path / "no_table_yet", capacity=1000, flush_seconds=60, per_user=50)
+    for _ in range(100):
+        rec.add("flooder", ["a", "b", "a"], NOW)
+    rec.add("flooder", [f"x{n}" for n in range(5000)], NOW)
+    rec.add("real", ["r1", "r2"], NOW)
+    status = rec.status()
+    assert status["buffered"] == 52 and (status["repeated"], status["capped"], status["dropped"]) == (298, 4952, 0)
+    empty_miss_queue(tmp_path / "no_table_yet" / "miss_queue")
+    assert rec.flush() == 52
+    rec.add("flooder", ["a"], NOW)  # a new interval: the user may queue again
+    assert rec.status()["buffered"] == 1
+
+
 def test_ids_that_cannot_be_stored_get_400_and_miss_recording_goes_on(server, tables):
     """A lone surrogate (JSON's "\\ud800"), a control character or an over-long id is refused with
     the reason; misses of the requests after it still reach miss_queue."""
@@ -378,6 +397,18 @@ def test_a_restarted_replica_serves_the_newest_publication_that_loads(tables):
         publish(tables, "2026-01-05T14:00:00", T + timedelta(hours=2))
         assert store.poll_once() and store.status()["snapshot_run_id"] == "2026-01-05T14:00:00"
         assert not store.status()["serving_older_publication"]
+
+
+def test_published_embeddings_of_another_size_are_not_ready_and_say_why(tables):
+    """The registry's autoencoder gives 16 floats, the published codes are 8: every row would be
+    excluded and every answer zeros. The snapshot is refused, /readyz is 503 and names both sizes."""
+    store = OnlineStore(tables, dim=2 * DIM, poll_seconds=3600, record_misses=False).start()
+    with serving(store) as srv:
+        with LookupClient(srv.url) as c:
+            code, _, body = c.request("GET", "/readyz")
+        assert code == 503 and not store.ready
+        reason = json.loads(body)["reason"]
+        assert "published embeddings are 8 floats, the lookup answers 16" in reason and "[serve] dim = 8" in reason
 
 
 def test_with_no_snapshot_the_store_answers_in_the_configured_dimension(tmp_path):
@@ -583,6 +614,26 @@ def test_a_worker_that_dies_stops_the_server_with_an_error(tables, tmp_path):
         assert not workers[1].is_running() or workers[1].status() == psutil.STATUS_ZOMBIE
 
 
+def test_a_worker_that_ends_cleanly_or_a_killed_parent_leaves_nothing_serving_half(tables, tmp_path):
+    """A worker told to stop on its own (SIGTERM, exit 0) still stops the server with an error; a
+    SIGKILLed parent takes its workers with it, so none keeps the port."""
+    import os
+    import signal
+
+    import psutil
+
+    with running_service(tables, tmp_path, workers=2) as (proc, _):
+        workers = psutil.Process(proc.pid).children()
+        os.kill(workers[0].pid, signal.SIGTERM)
+        assert proc.wait(60) == 1
+    with running_service(tables, tmp_path, workers=2) as (proc, url):
+        workers = psutil.Process(proc.pid).children()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        gone = psutil.wait_procs(workers, timeout=30)[1] == []
+        assert gone, [w.pid for w in workers if w.is_running()]
+
+
 def test_workers_must_be_a_sane_count():
     from include.config import ConfigError, ServeConfig
 
@@ -647,3 +698,75 @@ def test_an_endless_request_line_or_header_is_refused_and_healthz_stays_fast(str
             t.join(5)
     assert refused, "the attackers were never cut off"
     assert slowest < 1.0, f"/healthz took {slowest:.2f} s under the attack"
+
+
+def test_idle_sockets_cannot_lock_clients_out(tables):
+    """An attacker holds far more silent connections than the server admits (20 here): each new
+    connection beyond the limit closes the one idle longest, so a real client is answered, and
+    the evictions are counted in /metrics."""
+    import socket
+
+    store = OnlineStore(tables, poll_seconds=3600, record_misses=False).start()
+    with serving(store, max_connections=20, request_timeout=30.0) as srv:
+        host, port = srv.socket.getsockname()[:2]
+        idle = [socket.create_connection((host, port), timeout=5) for _ in range(200)]
+        try:
+            time.sleep(0.3)
+            with LookupClient(srv.url, binary=False) as c:
+                for _ in range(5):
+                    code, _, body = c.request("POST", "/v1/lookup", json.dumps({"user_id": "u3", "item_ids": ["i21"]}).encode(),
+                                              {"Content-Type": "application/json"})
+                    assert code == 200, body
+                code, _, text = c.request("GET", "/metrics")
+            evicted = int(re.search(rb"solaris_lookup_connections_evicted_total (\d+)", text).group(1))
+            assert evicted >= 180 and b'status="503"' not in text
+        finally:
+            for s in idle:
+                s.close()
+
+
+def test_browsers_declared_types_and_hosts_cannot_steer_the_lookup(server):
+    """A web page may POST text/plain to a loopback address without a preflight: a lookup must be
+    declared JSON (415) and one a browser sends for a page (Origin) is refused (403). Accept with
+    q=0 for the binary type gets JSON. A trailing slash is a 404, not a redirect built from Host.
+    /v1/status carries the request and error counters; the snapshot's age is the data's."""
+    body = json.dumps({"user_id": "u3", "item_ids": ["i21"]}).encode()
+    with LookupClient(server.url, binary=False) as c:
+        code, _, out = c.request("POST", "/v1/lookup", body, {"Content-Type": "text/plain"})
+        assert code == 415 and "application/json" in json.loads(out)["error"]
+        code, _, out = c.request("POST", "/v1/lookup", body, {"Content-Type": "application/json",
+                                                              "Origin": "https://evil.example"})
+        assert code == 403
+        code, headers, _ = c.request("POST", "/v1/lookup", body, {"Content-Type": "application/json",
+                                                                  "Accept": "application/octet-stream;q=0, application/json"})
+        assert code == 200 and headers["content-type"].startswith("application/json")
+        code, headers, _ = c.request("POST", "/v1/lookup", body, {"Content-Type": "application/json",
+                                                                  "Accept": "application/octet-stream"})
+        assert code == 200 and headers["content-type"].startswith("application/octet-stream")
+        code, headers, _ = c.request("GET", "/healthz/", headers={"Host": "evil.example"})
+        assert code == 404 and "location" not in headers
+        code, _, out = c.request("GET", "/v1/status")
+        status = json.loads(out)
+        assert status["requests"]["200"] >= 2 and status["requests"]["415"] == 1 and status["errors"] >= 2
+        assert status["snapshot_data_age_seconds"] > status["snapshot_loaded_seconds_ago"]
+        code, _, text = c.request("GET", "/metrics")
+        age = float(re.search(rb"solaris_snapshot_age_seconds ([\d.]+)", text).group(1))
+        assert abs(age - status["snapshot_data_age_seconds"]) < 60
+
+
+def test_a_damaged_delta_log_is_reported_as_one_line_naming_the_table(tables):
+    """A newer publication whose pair_embeddings commit is damaged: the store keeps serving the one
+    before, and its error names the table in one plain line (no backtrace, no colour codes)."""
+    write_version(tables, seed=5)
+    publish(tables, "2026-01-05T13:00:00", T + timedelta(hours=1))
+    log_dir = tables / "pair_embeddings" / "_delta_log"
+    newest = sorted(log_dir.glob("*.json"))[-1]
+    newest.write_text("{garbage")
+    store = OnlineStore(tables, poll_seconds=3600, record_misses=False).start()
+    try:
+        status = store.status()
+        assert status["ready"] and status["snapshot_run_id"] == "2026-01-05T12:00:00"
+        error = status["skipped_publications"]["2026-01-05T13:00:00"]
+        assert "table pair_embeddings at " in error and "\x1b[" not in error and "\n" not in error, error
+    finally:
+        store.stop()
