@@ -25,7 +25,6 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
-from datetime import timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import Param, dag, task
 
-from include.orchestration import DEFAULT_ARGS, spark_job, write_spark_properties
+from include.orchestration import DEFAULT_ARGS, gpu_routing, spark_job, write_spark_properties
 
 
 @task(task_id="publish_redis")
@@ -42,7 +42,7 @@ def publish_redis() -> str:
 def solaris_backfill():
     spark_properties = task(write_spark_properties, task_id="spark_properties")()
     backfill = spark_job("backfill", "backfill", "--start", "{{ params.start }}", "--end", "{{ params.end }}",
-                         "--stages", "{{ params.stages }}")
+                         "--stages", "{{ params.stages }}", **gpu_routing())
     spark_properties >> backfill >> publish_redis()
 
 

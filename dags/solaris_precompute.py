@@ -24,7 +24,7 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import CronDataIntervalTimetable, dag, task
 
-from include.orchestration import DEFAULT_ARGS, END, START, spark_job, write_spark_properties
+from include.orchestration import DEFAULT_ARGS, END, START, gpu_routing, spark_job, write_spark_properties
 
 
 @task(task_id="publish_redis")
@@ -51,7 +51,7 @@ def solaris_precompute():
     stages = [
         spark_job("validate_requests", "validate", "requests", "--start", START, "--end", END),
         spark_job("resolve_features", "resolve_features", "--start", START, "--end", END),
-        spark_job("precompute", "precompute", "--at", END),
+        spark_job("precompute", "precompute", "--at", END, **gpu_routing()),  # the FM runs here
         spark_job("user_means", "user_means", "--at", END),
         spark_job("user_neighbors", "user_neighbors", "--at", END),
         spark_job("validate_features", "validate", "features", "--at", END),

@@ -34,8 +34,10 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from datetime import datetime
@@ -99,47 +101,68 @@ def parse_request(body: bytes, max_items: int, allow_now: bool = False) -> tuple
 
 
 class Metrics:
+    """Requests by status, latency, pairs by tier and evicted connections, as prometheus_client
+    counters. Under several workers (``PROMETHEUS_MULTIPROC_DIR`` set before the workers start,
+    ``serve_workers`` does it) each process writes its own file and every scrape, from whichever
+    worker answers it, sums them all: counters never jump between workers."""
+
     def __init__(self):
-        self._lock = threading.Lock()
-        self.requests: dict[int, int] = {}
-        self.latency = [0] * (len(LATENCY_BUCKETS_MS) + 1)
-        self.latency_sum_ms = 0.0
-        self.tiers = [0] * len(TIERS)
-        self.evicted_idle = 0  # idle connections closed to admit a new one (max_connections reached)
+        from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+
+        disable_created_metrics()
+        self.registry = CollectorRegistry()
+        self._requests = Counter("solaris_lookup_requests", "lookups by HTTP status", ["status"],
+                                 registry=self.registry)
+        self._latency = Histogram("solaris_lookup_latency_ms", "lookup latency (ms)", buckets=LATENCY_BUCKETS_MS,
+                                  registry=self.registry)
+        self._pairs = Counter("solaris_lookup_pairs", "pairs served by tier", ["tier"], registry=self.registry)
+        self._evicted = Counter("solaris_lookup_connections_evicted",
+                                "idle connections closed to admit a new one (max_connections reached)",
+                                registry=self.registry)
+        for tier in TIERS:
+            self._pairs.labels(tier)
 
     def observe(self, status: int, ms: float, tiers: np.ndarray | None = None) -> None:
-        counts = np.bincount(tiers, minlength=len(TIERS)) if tiers is not None and len(tiers) else None
-        with self._lock:
-            self.requests[status] = self.requests.get(status, 0) + 1
-            self.latency[next((i for i, b in enumerate(LATENCY_BUCKETS_MS) if ms <= b), len(LATENCY_BUCKETS_MS))] += 1
-            self.latency_sum_ms += ms
-            if counts is not None:
-                for i, c in enumerate(counts):
-                    self.tiers[i] += int(c)
+        self._requests.labels(str(status)).inc()
+        self._latency.observe(ms)
+        if tiers is not None and len(tiers):
+            for tier, n in zip(TIERS, np.bincount(tiers, minlength=len(TIERS))):
+                if n:
+                    self._pairs.labels(tier).inc(int(n))
+
+    def evicted(self) -> None:
+        self._evicted.inc()
+
+    def _collected(self):
+        """This process's registry, or the sum over every worker's files."""
+        if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            return self.registry
+        from prometheus_client import CollectorRegistry
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry)
+        return registry
 
     def counts(self) -> dict:
-        """Requests by status and pairs by tier served, for ``/v1/status``."""
-        with self._lock:
-            return {"requests": {str(k): v for k, v in sorted(self.requests.items())},
-                    "errors": sum(v for k, v in self.requests.items() if k >= 400),
-                    "pairs": dict(zip(TIERS, self.tiers)), "connections_evicted": self.evicted_idle}
+        """Requests by status and pairs by tier served (every worker's), for ``/v1/status``."""
+        requests, pairs, evicted = {}, dict.fromkeys(TIERS, 0), 0
+        for metric in self._collected().collect():
+            for sample in metric.samples:
+                if sample.name == "solaris_lookup_requests_total":
+                    requests[sample.labels["status"]] = requests.get(sample.labels["status"], 0) + int(sample.value)
+                elif sample.name == "solaris_lookup_pairs_total":
+                    pairs[sample.labels["tier"]] = pairs.get(sample.labels["tier"], 0) + int(sample.value)
+                elif sample.name == "solaris_lookup_connections_evicted_total":
+                    evicted += int(sample.value)
+        return {"requests": dict(sorted(requests.items())), "errors": sum(v for k, v in requests.items() if int(k) >= 400),
+                "pairs": pairs, "connections_evicted": evicted}
 
     def prometheus(self, status: dict) -> str:
-        with self._lock:
-            lines = ["# TYPE solaris_lookup_requests_total counter"]
-            lines += [f'solaris_lookup_requests_total{{status="{s}"}} {n}' for s, n in sorted(self.requests.items())]
-            lines.append("# TYPE solaris_lookup_latency_ms histogram")
-            cum = 0
-            for b, n in zip(LATENCY_BUCKETS_MS, self.latency):
-                cum += n
-                lines.append(f'solaris_lookup_latency_ms_bucket{{le="{b}"}} {cum}')
-            cum += self.latency[-1]
-            lines += [f'solaris_lookup_latency_ms_bucket{{le="+Inf"}} {cum}',
-                      f"solaris_lookup_latency_ms_sum {self.latency_sum_ms:.3f}", f"solaris_lookup_latency_ms_count {cum}",
-                      "# TYPE solaris_lookup_pairs_total counter"]
-            lines += [f'solaris_lookup_pairs_total{{tier="{t}"}} {n}' for t, n in zip(TIERS, self.tiers)]
-            lines += ["# TYPE solaris_lookup_connections_evicted_total counter",
-                      f"solaris_lookup_connections_evicted_total {self.evicted_idle}"]
+        """The counters above (every worker's), then this worker's snapshot and miss figures."""
+        from prometheus_client import generate_latest
+
+        lines = [generate_latest(self._collected()).decode().rstrip("\n")]
         misses = status.get("misses") or {}
         lines += [f"solaris_snapshot_ready {int(status['ready'])}",
                   f'solaris_snapshot_info{{run_id="{status["snapshot_run_id"] or ""}"}} 1',
@@ -346,6 +369,11 @@ class HeadLimits:
     def reset(self) -> None:
         self.in_head, self.lines, self.line = True, 0, 0
 
+    @property
+    def started(self) -> bool:
+        """Bytes of a request head have arrived."""
+        return self.lines > 0 or self.line > 0
+
     def feed(self, data: bytes) -> int | None:
         pos = 0
         while self.in_head:
@@ -369,7 +397,13 @@ class HeadLimits:
         return 431 if length > MAX_HEADER_LINE else None
 
 
-def deadline_protocol(request_timeout: float, max_connections: int | None = None, metrics: "Metrics | None" = None):
+# At shutdown an idle kept-alive connection stays open this long: a request its client sent just
+# before it saw the close is answered (with "Connection: close") instead of reset.
+DRAIN_SECONDS = 1.0
+
+
+def deadline_protocol(request_timeout: float, max_connections: int | None = None, metrics: "Metrics | None" = None,
+                      drain_seconds: float = DRAIN_SECONDS):
     """uvicorn's httptools protocol with a deadline on every request: from a connection's first byte
     (and from each kept-alive request's first byte) to its last, at most ``request_timeout``
     seconds, or the connection is closed. Slow headers, a body shorter than its Content-Length, a
@@ -379,11 +413,16 @@ def deadline_protocol(request_timeout: float, max_connections: int | None = None
     At most ``max_connections`` connections: a new one beyond it closes the connection that has
     been idle longest (no request of it in the app: kept alive between requests, or still sending
     its head), so sockets held open and silent cannot lock every client out; only when every
-    connection has a request in the app is the new one answered 503 (counted in ``metrics``)."""
+    connection has a request in the app is the new one answered 503 (counted in ``metrics``).
+
+    At shutdown no request that reached the connection is reset: an idle connection is closed
+    after ``drain_seconds`` (or after answering a request that arrives meanwhile), a busy one after
+    after answering the last request it received; that answer says "Connection: close"."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     class DeadlineProtocol(HttpToolsProtocol):
         _deadline = None
+        _draining = False
 
         def connection_made(self, transport):
             super().connection_made(transport)
@@ -403,8 +442,7 @@ def deadline_protocol(request_timeout: float, max_connections: int | None = None
                 oldest.connections.discard(oldest)  # gone now, not when its close completes
                 oldest.transport.close()
                 if metrics is not None:
-                    with metrics._lock:
-                        metrics.evicted_idle += 1
+                    metrics.evicted()
                 return
             self._refuse(b"503 Service Unavailable",
                          f"every one of the {max_connections} connections has a request in progress")
@@ -452,6 +490,24 @@ def deadline_protocol(request_timeout: float, max_connections: int | None = None
         def connection_lost(self, exc):
             self._disarm()
             super().connection_lost(exc)
+
+        def shutdown(self):
+            self._draining = True
+            if not self._idle():
+                # the last request received (self.cycle, pipelined or not) closes it once answered
+                self.cycle.keep_alive = False
+            elif not self.transport.is_closing():
+                self.loop.call_later(drain_seconds, self._close_if_idle)
+
+        def _close_if_idle(self):
+            # a request whose head has begun is answered (or closed at its deadline)
+            if self._idle() and not self._limits.started and not self.transport.is_closing():
+                self.transport.close()
+
+        def on_headers_complete(self):
+            super().on_headers_complete()
+            if self._draining:  # a request that arrived during the drain: answered, then closed
+                self.cycle.keep_alive = False
 
     return DeadlineProtocol
 
@@ -595,6 +651,7 @@ def serve_workers(cfg, dim: int | None, sock, workers: int) -> int:
     flushes its misses. A worker that dies stops the others, and the parent exits non-zero, so the
     process manager (systemd, Kubernetes, compose) restarts the whole server rather than it running
     short-handed unnoticed."""
+    metrics_dir = shared_metrics_dir()
     children: list[int] = []
     for n in range(workers):
         pid = os.fork()  # before any thread or store exists in this process: nothing to copy half-locked
@@ -638,7 +695,23 @@ def serve_workers(cfg, dim: int | None, sock, workers: int) -> int:
             forward(signal.SIGTERM, None)
         elif code != 0 and status == 0:
             status = 1
+    if metrics_dir is not None:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
     return status
+
+
+def shared_metrics_dir() -> str | None:
+    """Before the workers fork: a fresh folder where each worker's prometheus_client counters live,
+    so that any worker's /metrics and /v1/status sum them all. Returns it (removed at exit), or None
+    where the operator set ``PROMETHEUS_MULTIPROC_DIR`` (theirs to keep and to empty between runs)."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return None
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path = tempfile.mkdtemp(prefix="solaris-lookup-metrics-")
+    if "prometheus_client.values" in sys.modules:  # imported before the variable was set: switch it now
+        from prometheus_client import values
+
+        values.ValueClass = values.get_value_class()
+    return path
 
 
 def die_with_parent() -> None:

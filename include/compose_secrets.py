@@ -5,9 +5,11 @@
 The file is written readable by its owner alone (0600) and never overwritten (a new Fernet key
 cannot read what the old one encrypted); it is in .gitignore.
 
-SOLARIS_DB_PASSWORD (PostgreSQL, Airflow's metadata), AIRFLOW_JWT_SECRET (signs the API's tokens)
-and AIRFLOW_FERNET_KEY (encrypts connections and variables in the metadata database). Keep the file
-private and stable: a new Fernet key cannot read what the old one encrypted.
+SOLARIS_DB_PASSWORD (PostgreSQL, Airflow's metadata), AIRFLOW_JWT_SECRET (signs the API's tokens),
+AIRFLOW_FERNET_KEY (encrypts connections and variables in the metadata database), REDIS_PASSWORD
+(Redis refuses every command without it) and SPARK_AUTH_SECRET (the Spark master, its workers and
+every driver share it: a job submitted without it is refused). Keep the file private and stable: a
+new Fernet key cannot read what the old one encrypted.
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ def generate() -> dict[str, str]:
     return {"SOLARIS_DB_PASSWORD": secrets.token_urlsafe(24),
             "AIRFLOW_JWT_SECRET": secrets.token_hex(32),
             # a Fernet key is 32 random bytes, url-safe base64
-            "AIRFLOW_FERNET_KEY": base64.urlsafe_b64encode(secrets.token_bytes(32)).decode()}
+            "AIRFLOW_FERNET_KEY": base64.urlsafe_b64encode(secrets.token_bytes(32)).decode(),
+            # URL-safe: it is part of the Redis URL the DAGs and the lookup are given
+            "REDIS_PASSWORD": secrets.token_urlsafe(24),
+            "SPARK_AUTH_SECRET": secrets.token_hex(32)}
 
 
 def env_text() -> str:

@@ -72,6 +72,24 @@ class SparkConfig:
     driver_java_options: str = ""
     # Extra Spark settings passed through untouched (e.g. {"spark.executor.memory": "8g"}).
     extra: dict[str, str] = field(default_factory=dict)
+    # GPU dispatch of the FM embedding stage, on a cluster master (spark://, yarn, k8s://): every
+    # executor holds executor_gpus GPUs, found by gpu_discovery_script (default: include/gpu_discovery.sh,
+    # nvidia-smi); each embedding task asks Spark for task_gpus of one (a fraction shares a GPU) and runs
+    # on the address Spark assigned it, on the CPU where torch sees no GPU. Every other stage asks for
+    # none. 0: off (the stage runs on [models] device, decided on the driver).
+    executor_gpus: int = 0
+    task_gpus: float = 1.0
+    gpu_discovery_script: str = ""
+
+    def __post_init__(self):
+        if self.executor_gpus < 0:
+            raise ConfigError(f"[spark] executor_gpus must be >= 0, got {self.executor_gpus}")
+        if not (0 < self.task_gpus <= 1 or float(self.task_gpus).is_integer()) or self.task_gpus > max(1, self.executor_gpus):
+            raise ConfigError(f"[spark] task_gpus must be a fraction of one GPU or a whole number at most "
+                              f"executor_gpus, got {self.task_gpus}")
+        if self.executor_gpus and self.master.startswith("local"):
+            raise ConfigError("[spark] executor_gpus needs a cluster master (spark://, yarn, k8s://): Spark assigns "
+                              "GPUs to tasks only there; on one machine [models] device = \"cuda\" runs the FM on its GPU")
 
 
 @dataclass(frozen=True)
@@ -338,6 +356,11 @@ class OrchestrationConfig:
     retries: int = 2
     retry_delay_seconds: float = 120.0
     execution_timeout_hours: float = 2.0
+    # Where the tasks that run the FM (precompute, backfill) go, with [spark] executor_gpus: an
+    # Airflow pool sized to the jobs the cluster's GPUs hold at once, and the executor queue of the
+    # workers that may submit them (Celery or Kubernetes executors). Empty: the default ones.
+    gpu_pool: str = ""
+    gpu_queue: str = ""
 
     def __post_init__(self):
         if self.retries < 0 or self.retry_delay_seconds < 0 or self.execution_timeout_hours <= 0:

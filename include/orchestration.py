@@ -34,6 +34,15 @@ def default_args() -> dict:
 DEFAULT_ARGS = default_args()
 
 
+def gpu_routing() -> dict:
+    """The pool and queue of the tasks that run the FM (``[orchestration] gpu_pool``, ``gpu_queue``),
+    as SparkSubmitOperator arguments; nothing where they are not set."""
+    from include.config import load_config
+
+    o = load_config().orchestration
+    return {k: v for k, v in (("pool", o.gpu_pool), ("queue", o.gpu_queue)) if v}
+
+
 def properties_file() -> str:
     """Where the ``spark_properties`` task writes the Spark settings (beside the lake)."""
     from include.config import load_config

@@ -18,6 +18,7 @@ from pathlib import Path
 from include.config import SolarisConfig
 
 LOG4J = Path(__file__).with_name("log4j2.properties")
+GPU_DISCOVERY = Path(__file__).with_name("gpu_discovery.sh")  # Spark's resource discovery: nvidia-smi's GPUs
 
 
 def spark_conf(cfg: SolarisConfig) -> dict[str, str]:
@@ -63,6 +64,10 @@ def spark_conf(cfg: SolarisConfig) -> dict[str, str]:
         # lake's delta-rs reads do (feature_store/lake.read_arrow).
         "spark.hadoop.parquet.page.verify-checksum.enabled": "true",
     }
+    if cfg.spark.executor_gpus:
+        # Executors hold GPUs; tasks ask for none unless their stage's profile does (embed_pairs).
+        conf["spark.executor.resource.gpu.amount"] = str(cfg.spark.executor_gpus)
+        conf["spark.executor.resource.gpu.discoveryScript"] = cfg.spark.gpu_discovery_script or str(GPU_DISCOVERY)
     if cfg.spark.master.startswith("local"):
         conf["spark.driver.host"] = "127.0.0.1"
         conf["spark.driver.bindAddress"] = "127.0.0.1"

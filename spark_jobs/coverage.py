@@ -14,7 +14,7 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from feature_store import lake
-from feature_store.resolution import ORDER, TIERS
+from feature_store.resolution import ORDER
 from feature_store.tables import (COVERAGE_REPORT, REQUEST_FEATURES, conform, ensure_tables, in_time_range,
                                   qualified_name)
 

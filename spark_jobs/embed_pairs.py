@@ -95,20 +95,47 @@ def with_fm_inputs(pairs: DataFrame, events: DataFrame, items: DataFrame | None,
 
 
 def embed(pairs: DataFrame, fm_path: str, ae_path: str, t: datetime, device: str = "cpu",
-          allowed: frozenset[str] = frozenset({BUILTIN_FM})) -> DataFrame:
+          allowed: frozenset[str] = frozenset({BUILTIN_FM}), task_gpus: float = 0.0) -> DataFrame:
     """(user_id, item_id, embedding array<float>) of rows with ``with_fm_inputs``'s columns. The
-    pairs of a user stay in one partition, together, so the user's history is encoded once."""
+    pairs of a user stay in one partition, together, so the user's history is encoded once.
+    ``task_gpus`` > 0: each task of this stage asks Spark for that much of a GPU (a stage-level
+    resource profile; the cluster's executors hold them, ``[spark] executor_gpus``) and runs on the
+    address it is given (``task_device``); ``device`` is then what a task without one uses."""
     import pandas as pd
 
     def run(batches):
         from model.inference import fm_codes
 
+        on = task_device(device)
         for pdf in batches:
-            codes = fm_codes(pdf.assign(ts=pd.Timestamp(t)), fm_path, ae_path, device=device, allowed=allowed)
+            codes = fm_codes(pdf.assign(ts=pd.Timestamp(t)), fm_path, ae_path, device=on, allowed=allowed)
             yield pd.DataFrame({"user_id": pdf["user_id"], "item_id": pdf["item_id"], "embedding": list(codes)})
 
     grouped = pairs.repartition("user_id").sortWithinPartitions("user_id", "item_id")
-    return grouped.mapInPandas(run, "user_id string, item_id string, embedding array<float>")
+    return grouped.mapInPandas(run, "user_id string, item_id string, embedding array<float>",
+                               profile=gpu_profile(task_gpus) if task_gpus else None)
+
+
+def gpu_profile(task_gpus: float):
+    """A stage-level profile whose tasks each need ``task_gpus`` of a GPU (and one core), so Spark
+    runs them only where a GPU is free and tells each which one (TaskContext.resources)."""
+    from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
+
+    return ResourceProfileBuilder().require(TaskResourceRequests().cpus(1).resource("gpu", task_gpus)).build
+
+
+def task_device(fallback: str = "cpu") -> str:
+    """Inside a Spark task: ``cuda:<address>`` of the GPU Spark assigned it, or the CPU where torch
+    sees no GPU (a fake or absent device); a task that was given none runs on ``fallback``."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    gpus = ctx.resources().get("gpu") if ctx is not None else None
+    if gpus is None or not gpus.addresses:
+        return fallback
+    import torch
+
+    return f"cuda:{gpus.addresses[0]}" if torch.cuda.is_available() else "cpu"
 
 
 def check_embeddings(df: DataFrame, dim: int) -> None:

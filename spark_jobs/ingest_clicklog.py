@@ -27,11 +27,12 @@ from pyspark.sql import functions as F
 from feature_store import lake
 
 from spark_jobs.candidates import clicks_to_requests
+from spark_jobs.raw_input import (CORRUPT, RAW, UNDECODABLE, InputError, count_records,  # noqa: F401 (re-exported)
+                                  data_columns, malformed, read_error, read_raw, require_path)
 
 REQUIRED = ("user_id", "item_id", "ts")
 CONTEXT = ("surface", "device", "region", "referrer")
 ATTRIBUTES = ("category", "subcategory", "title")  # item attributes a click row may carry (-> items)
-CORRUPT = "_corrupt_record"
 
 PRESETS: dict[str, dict] = {
     # Globo.com news portal click log (clicks_hour_NNN.csv.gz), millisecond timestamps.
@@ -50,10 +51,6 @@ PRESETS: dict[str, dict] = {
                     "device": "device", "region": "region", "referrer": "referrer"},
     },
 }
-
-
-class InputError(ValueError):
-    """The input cannot be ingested at all (missing path, no columns, unmapped required column)."""
 
 
 @dataclass(frozen=True)
@@ -128,24 +125,6 @@ def id_problem(col, name: str):
             .when(col.rlike("[\\x00-\\x1f\\x7f]"), F.concat(F.lit(f"{name} holds a control character: "), F.to_json(F.array(col)))))
 
 
-UNDECODABLE = "\ufffd"  # what a byte that is not valid in the read encoding becomes
-
-
-def read_error(path: str, fmt: str, e: Exception) -> InputError:
-    """A failed read (truncated gzip, an unreadable file) as one clear line naming its cause."""
-    text = str(e)
-    causes = [line.split("Caused by: ", 1)[1] for line in text.splitlines() if "Caused by: " in line]
-    cause = causes[-1] if causes else text.strip().splitlines()[0] if text.strip() else type(e).__name__
-    return InputError(f"{path}: cannot be read as {fmt}: {cause[:300]}")
-
-
-def blank_lines(spark, path: str) -> DataFrame:
-    """(raw, reason) of the input's lines that hold only whitespace: the CSV reader skips them, so
-    they are quarantined here, counted like every other record."""
-    return (spark.read.text(path).where(F.trim("value") == "")
-            .select(F.col("value").alias("raw"), F.lit("blank line").alias("reason")))
-
-
 def parse_clicks(raw: DataFrame, spec: ClickLogSpec, quality) -> DataFrame:
     """Raw string columns -> user_id, item_id, ts, context, raw, reason (null when the row is good).
 
@@ -155,13 +134,8 @@ def parse_clicks(raw: DataFrame, spec: ClickLogSpec, quality) -> DataFrame:
     src = lambda c: F.trim(F.col(f"`{m[c]}`")) if c in m else F.lit(None).cast("string")  # noqa: E731
     ts = parse_timestamp(src("ts"), spec.ts_unit)
     ts_problem = timestamp_problem(src("ts"), ts, spec.ts_unit, quality)
-    raw_text = (F.coalesce(F.col(CORRUPT), F.to_json(F.struct(*[F.col(f"`{c}`") for c in raw.columns if c != CORRUPT])))
-                if CORRUPT in raw.columns else F.to_json(F.struct(*[F.col(f"`{c}`") for c in raw.columns])))
     blank = lambda c: src(c).isNull() | (src(c) == "")  # noqa: E731
-    reason = F.when(F.col(CORRUPT).isNotNull(), F.lit("malformed record: wrong number of fields")) \
-        if CORRUPT in raw.columns else F.when(F.lit(False), F.lit(None))
-    reason = (reason
-              .when(raw_text.contains(UNDECODABLE), F.lit(f"undecodable bytes: not {spec.encoding} text, give --encoding"))
+    reason = (malformed(raw, "malformed record: wrong number of fields")
               .when(blank("user_id"), F.lit("missing user_id"))
               .when(blank("item_id"), F.lit("missing item_id"))
               .when(id_problem(src("user_id"), "user_id").isNotNull(), id_problem(src("user_id"), "user_id"))
@@ -169,7 +143,7 @@ def parse_clicks(raw: DataFrame, spec: ClickLogSpec, quality) -> DataFrame:
               .when(blank("ts"), F.lit("missing timestamp"))
               .when(ts_problem.isNotNull(), ts_problem))
     return raw.select(src("user_id").alias("user_id"), src("item_id").alias("item_id"), ts.alias("ts"),
-                      *[src(c).alias(c) for c in CONTEXT + ATTRIBUTES], raw_text.alias("raw"), reason.alias("reason"))
+                      *[src(c).alias(c) for c in CONTEXT + ATTRIBUTES], F.col(RAW).alias("raw"), reason.alias("reason"))
 
 
 def mark_duplicates(parsed: DataFrame) -> DataFrame:
@@ -183,51 +157,10 @@ def mark_duplicates(parsed: DataFrame) -> DataFrame:
                              .otherwise(F.col("reason"))).drop("_n")
 
 
-def read_raw(spark, path: str, fmt: str, encoding: str = "utf-8") -> DataFrame:
-    """Read every column as a string; CSV keeps lines it cannot split in _corrupt_record (also a
-    line of far more fields than the header: the parser's column limit is raised so that such a
-    line is one malformed record, not the end of the job)."""
-    require_path(spark, path)
-    if fmt == "parquet":
-        df = spark.read.parquet(path)
-        if not df.columns:
-            raise InputError(f"{path}: parquet input has no columns")
-        return df.select([F.col(f"`{c}`").cast("string").alias(c) for c in df.columns])
-    if fmt != "csv":
-        raise InputError(f"format must be csv or parquet, got {fmt!r}")
-    reader = spark.read.option("header", True).option("encoding", encoding).option("maxColumns", 1_000_000)
-    if encoding.replace("-", "").lower() not in ("utf8", "ascii"):
-        # Spark splits lines on the byte 0x0A before decoding, which cuts multi-byte encodings
-        # (UTF-16) mid-character; read each file whole and decode it instead.
-        reader = reader.option("multiLine", True)
-    try:
-        header = reader.csv(path).columns
-    except Exception as e:  # a truncated gzip, an unreadable file
-        raise read_error(path, fmt, e) from e
-    if not header:
-        raise InputError(f"{path}: CSV input is empty (no header line)")
-    if any("\x00" in c or UNDECODABLE in c for c in header):
-        raise InputError(f"{path}: the header is not {encoding} text (UTF-16? binary?): give --encoding, "
-                         f"e.g. --encoding utf-16")
-    from pyspark.sql.types import StringType, StructField, StructType
-
-    schema = StructType([StructField(c, StringType()) for c in header] + [StructField(CORRUPT, StringType())])
-    return (reader.option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT).schema(schema).csv(path))
-
-
-def require_path(spark, path: str) -> None:
-    jvm = spark.sparkContext._jvm
-    hpath = jvm.org.apache.hadoop.fs.Path(path)
-    fs = hpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    matches = fs.globStatus(hpath)
-    if matches is None or len(matches) == 0:
-        raise InputError(f"input path does not exist: {path}")
-
-
 def check_columns(raw: DataFrame, spec, path: str, required: tuple[str, ...] = REQUIRED):
     """Required columns must be present; optional columns that are absent become NULL. ``spec``:
     any dataclass with a ``mapping`` (SOLARIS column -> input column)."""
-    have = [c for c in raw.columns if c != CORRUPT]
+    have = data_columns(raw)
     missing = [f"{k} (from column {v!r})" for k, v in spec.mapping.items() if k in required and v not in have]
     if missing:
         raise InputError(f"{path}: input lacks mapped column(s) {missing}; it has {have}")
@@ -235,20 +168,6 @@ def check_columns(raw: DataFrame, spec, path: str, required: tuple[str, ...] = R
     if absent:
         print(f"note: {path} has no column for {absent}; they are stored as NULL", file=sys.stderr)
     return replace(spec, mapping={k: v for k, v in spec.mapping.items() if v in have})
-
-
-def count_records(spark, parsed: DataFrame, path: str, fmt: str) -> tuple[int, DataFrame]:
-    """(records read, including blank lines; the blank lines as quarantine rows). A read that fails
-    here (a truncated gzip, a file that is no CSV) is one clear ``InputError``."""
-    try:
-        n = parsed.count()
-        blanks = blank_lines(spark, path) if fmt == "csv" else parsed.limit(0).select("raw", "reason")
-        n_blank = blanks.count()
-    except Exception as e:
-        raise read_error(path, fmt, e) from e
-    if n == 0:
-        raise InputError(f"{path}: input has a header but no records")
-    return n + n_blank, blanks
 
 
 def click_items(clicks: DataFrame, spec: ClickLogSpec) -> DataFrame | None:
@@ -269,14 +188,15 @@ def ingest(spark, cfg, path: str, spec: ClickLogSpec, fmt: str = "csv", items_pa
     from spark_jobs.ingest_load import quarantine_rows, write_ingest
 
     started = time.perf_counter()
-    raw = read_raw(spark, path, fmt, spec.encoding)
+    raw_input = read_raw(spark, path, fmt, spec.encoding)
+    raw = raw_input.records
     spec = check_columns(raw, spec, path)
     # Spark refuses queries over only _corrupt_record of an uncached CSV scan; cache once, read twice.
     parsed = mark_duplicates(parse_clicks(raw, spec, cfg.quality)).persist()
     try:
-        records_in, blanks = count_records(spark, parsed, path, fmt)
+        records_in = count_records(spark, parsed, raw_input, path, fmt)
         ingested_at = lake.utc_now()  # bookkeeping, not data selection
-        bad = quarantine_rows(parsed.where(F.col("reason").isNotNull()).select("raw", "reason").unionByName(blanks),
+        bad = quarantine_rows(parsed.where(F.col("reason").isNotNull()).select("raw", "reason").unionByName(raw_input.lines),
                               spec.source, path, ingested_at)
         clicks = parsed.where(F.col("reason").isNull()).drop("raw", "reason")
         items, other_inputs = click_items(clicks, spec), ()
@@ -304,6 +224,7 @@ def ingest(spark, cfg, path: str, spec: ClickLogSpec, fmt: str = "csv", items_pa
                             pool_clicks=pool_clicks, other_inputs=other_inputs, generated=True)
     finally:
         parsed.unpersist()
+        raw_input.release()
 
 
 def _other_inputs_clicks(spark, cfg, source: str, path: str, clicks: DataFrame, params) -> DataFrame | None:

@@ -32,9 +32,9 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from feature_store import lake
-from spark_jobs.ingest_clicklog import (CONTEXT, CORRUPT, UNDECODABLE, InputError, check_columns, check_spec,
-                                        count_records, id_problem, parse_map, parse_timestamp, read_raw,
-                                        require_path, timestamp_problem)
+from spark_jobs.ingest_clicklog import (CONTEXT, InputError, check_columns, check_spec, id_problem, parse_map,
+                                        parse_timestamp, require_path, timestamp_problem)
+from spark_jobs.raw_input import RAW, count_records, malformed, read_raw
 
 REQUIRED = ("request_id", "user_id", "item_id", "ts", "label")
 OPTIONAL = ("position", "conversion", *CONTEXT)
@@ -70,14 +70,7 @@ def parse_impressions(raw: DataFrame, spec: ImpressionLogSpec, quality) -> DataF
     ts_problem = timestamp_problem(src("ts"), ts, spec.ts_unit, quality)
     label, conversion = (binary(src(c)) for c in ("label", "conversion"))
     position = F.nullif(src("position"), F.lit("")).try_cast("int")
-    columns = [c for c in raw.columns if c != CORRUPT]
-    raw_text = F.to_json(F.struct(*[F.col(f"`{c}`") for c in columns]))
-    if CORRUPT in raw.columns:
-        raw_text = F.coalesce(F.col(CORRUPT), raw_text)
-    reason = (F.when(F.col(CORRUPT).isNotNull(), F.lit("malformed record: wrong number of fields"))
-              if CORRUPT in raw.columns else F.when(F.lit(False), F.lit(None)))
-    reason = (reason
-              .when(raw_text.contains(UNDECODABLE), F.lit(f"undecodable bytes: not {spec.encoding} text, give --encoding"))
+    reason = (malformed(raw, "malformed record: wrong number of fields")
               .when(blank("request_id"), F.lit("missing request_id"))
               .when(blank("user_id"), F.lit("missing user_id"))
               .when(blank("item_id"), F.lit("missing item_id"))
@@ -94,7 +87,7 @@ def parse_impressions(raw: DataFrame, spec: ImpressionLogSpec, quality) -> DataF
     return raw.select(src("request_id").alias("request_id"), src("user_id").alias("user_id"),
                       src("item_id").alias("item_id"), ts.alias("ts"), position.alias("position"),
                       label.alias("label"), conversion.alias("conversion"), *[src(c).alias(c) for c in CONTEXT],
-                      raw_text.alias("raw"), reason.alias("reason"))
+                      F.col(RAW).alias("raw"), reason.alias("reason"))
 
 
 def mark_inconsistent(parsed: DataFrame, max_candidates: int) -> DataFrame:
@@ -134,14 +127,15 @@ def ingest(spark, cfg, path: str, spec: ImpressionLogSpec, fmt: str = "csv", ite
     from spark_jobs.ingest_load import quarantine_rows, write_ingest
 
     started = time.perf_counter()
-    raw = read_raw(spark, path, fmt, spec.encoding)
+    raw_input = read_raw(spark, path, fmt, spec.encoding)
+    raw = raw_input.records
     spec = check_columns(raw, spec, path, REQUIRED)
     parsed = mark_inconsistent(parse_impressions(raw, spec, cfg.quality),
                                cfg.quality.max_candidates_per_request).persist()
     try:
-        records_in, blanks = count_records(spark, parsed, path, fmt)
+        records_in = count_records(spark, parsed, raw_input, path, fmt)
         ingested_at = lake.utc_now()  # bookkeeping, not data selection
-        quarantine = quarantine_rows(parsed.where(F.col("reason").isNotNull()).select("raw", "reason").unionByName(blanks),
+        quarantine = quarantine_rows(parsed.where(F.col("reason").isNotNull()).select("raw", "reason").unionByName(raw_input.lines),
                                      spec.source, path, ingested_at)
         good = parsed.where(F.col("reason").isNull()).drop("raw", "reason")
         requests = to_requests(good, spec.source)
@@ -163,6 +157,7 @@ def ingest(spark, cfg, path: str, spec: ImpressionLogSpec, fmt: str = "csv", ite
                             other_inputs=tuple(other_inputs), pool_clicks=clicks.select("item_id", "ts"), truth=truth)
     finally:
         parsed.unpersist()
+        raw_input.release()
 
 
 def read_truth(spark, path: str, source: str) -> DataFrame:

@@ -18,21 +18,17 @@ ATTRIBUTES = ("category", "subcategory", "title")
 
 def parse_items(raw: DataFrame, source: str, mapping: dict[str, str] | None = None) -> DataFrame:
     """Raw string columns -> item_id, attributes, source, raw, reason (null when the row is good)."""
-    from spark_jobs.ingest_clicklog import CORRUPT, InputError
+    from spark_jobs.raw_input import RAW, InputError, data_columns, malformed
 
     m = {"item_id": "item_id", **{a: a for a in ATTRIBUTES}, **(mapping or {})}
-    have = [c for c in raw.columns if c != CORRUPT]
+    have = data_columns(raw)
     if m["item_id"] not in have:
         raise InputError(f"item file lacks an item id column {m['item_id']!r}; it has {have}")
     col = lambda c: F.trim(F.col(f"`{m[c]}`")) if m[c] in have else F.lit(None).cast("string")  # noqa: E731
-    raw_text = F.to_json(F.struct(*[F.col(f"`{c}`") for c in have]))
-    if CORRUPT in raw.columns:
-        raw_text = F.coalesce(F.col(CORRUPT), raw_text)
-    reason = (F.when(F.col(CORRUPT).isNotNull(), F.lit("malformed item record: wrong number of fields"))
-              if CORRUPT in raw.columns else F.when(F.lit(False), F.lit(None)))
-    reason = reason.when(col("item_id").isNull() | (col("item_id") == ""), F.lit("missing item_id"))
+    reason = (malformed(raw, "malformed item record: wrong number of fields")
+              .when(col("item_id").isNull() | (col("item_id") == ""), F.lit("missing item_id")))
     parsed = raw.select(col("item_id").alias("item_id"), *[F.nullif(col(a), F.lit("")).alias(a) for a in ATTRIBUTES],
-                        raw_text.alias("raw"), reason.alias("reason"))
+                        F.col(RAW).alias("raw"), reason.alias("reason"))
     w = Window.partitionBy("item_id", F.col("reason").isNull()).orderBy("raw")
     first = F.when(F.col("reason").isNull(), F.row_number().over(w))
     return (parsed.withColumn("_n", first)
@@ -41,7 +37,10 @@ def parse_items(raw: DataFrame, source: str, mapping: dict[str, str] | None = No
 
 
 def read_items(spark, path: str, source: str, fmt: str = "csv") -> DataFrame:
-    """The item file at ``path`` parsed (see ``parse_items``)."""
-    from spark_jobs.ingest_clicklog import read_raw
+    """The item file at ``path`` parsed (see ``parse_items``), with its blank and over-wide lines as
+    rows with a reason and no item."""
+    from spark_jobs.raw_input import read_raw
 
-    return parse_items(read_raw(spark, path, fmt), source)
+    raw = read_raw(spark, path, fmt)
+    return parse_items(raw.records, source).unionByName(raw.lines.withColumn("source", F.lit(source)),
+                                                        allowMissingColumns=True)

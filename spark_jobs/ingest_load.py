@@ -79,7 +79,7 @@ class IngestReport:
             return []
         stats = {"prior popularity": self.popularity_auc, "recent click": self.recent_click_auc,
                  "known item": self.known_item_auc, "position": self.position_auc}
-        out = [f"  leak check, single-feature AUC of the requests (0.5: no signal): "
+        out = ["  leak check, single-feature AUC of the requests (0.5: no signal): "
                + ", ".join(f"{name} {v:.3f}" for name, v in stats.items() if v is not None)
                + ("" if self.candidates == "generated" else " (logged impressions: reported, not judged)")]
         out += [f"  WARNING: {finding} alone separates clicks from negatives: a model trained on these requests "

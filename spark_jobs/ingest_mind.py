@@ -26,7 +26,7 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from feature_store import lake
-from spark_jobs.ingest_clicklog import UNDECODABLE, id_problem
+from spark_jobs.ingest_clicklog import id_problem
 
 MIND_TIME = "M/d/yyyy h:mm:ss a"
 TOKEN = r"^[^\s-]+(-[01])?$"
@@ -47,7 +47,7 @@ def parse_behaviors(lines: DataFrame, source: str) -> DataFrame:
                                                        F.col("n_fields").cast("string")))
               .when(F.col("impression_id") == "", F.lit("missing impression_id"))
               .when(F.col("user_id") == "", F.lit("missing user_id"))
-              .when(F.col("raw").contains(UNDECODABLE), F.lit("undecodable bytes: not utf-8 text"))
+              .when(~F.is_valid_utf8("raw"), F.lit("undecodable bytes: not utf-8 text"))
               .when(id_problem(F.col("user_id"), "user_id").isNotNull(), id_problem(F.col("user_id"), "user_id"))
               .when(F.col("ts").isNull(), F.lit("unparsable time (expected M/d/yyyy h:mm:ss AM/PM)"))
               .when(F.size("tokens") == 0, F.lit("no candidates in impression"))

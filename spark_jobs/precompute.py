@@ -108,8 +108,12 @@ def run(spark, cfg, t: datetime) -> RunCounters:
                                        fm_cfg["history_len"], fm_cfg["horizon_hours"], fm_cls.inputs)
     from model.train import pick_device
 
-    device = str(pick_device(cfg.models.device))  # on the driver: a cuda request without a GPU fails here, early
-    embedded = embed_pairs.embed(pairs, models["fm"], models["autoencoder"], t, device, cfg.allowed_classes)
+    if cfg.spark.executor_gpus:  # each embedding task runs on the GPU Spark assigns it (the driver may have none)
+        device, task_gpus = "cpu", cfg.spark.task_gpus
+    else:  # on the driver: a cuda request without a GPU fails here, early
+        device, task_gpus = str(pick_device(cfg.models.device)), 0.0
+    embedded = embed_pairs.embed(pairs, models["fm"], models["autoencoder"], t, device, cfg.allowed_classes,
+                                 task_gpus)
     rows = embed_pairs.to_rows(embedded, t, pc.ttl_hours, fm_version, run_id).persist()
     try:
         embed_pairs.check_embeddings(rows, ae.cfg.code_dim)

@@ -181,6 +181,76 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class StandaloneCluster:
+    """A Spark standalone master and one worker (one core) on loopback, started from pyspark's own
+    scripts: ``url`` to submit to, ``state()`` the master's JSON (workers, applications), ``env``
+    what a driver process needs beside its own settings."""
+
+    def __init__(self, tmp_path: Path, master_opts: str = "", worker_opts: str = "", cores: int = 1,
+                 memory: str = "1g", env: dict | None = None):
+        import pyspark
+
+        self.home = os.path.dirname(pyspark.__file__)
+        self.port, self.ui = free_port(), free_port()
+        self.url = f"spark://127.0.0.1:{self.port}"
+        self.env = {**os.environ, "SPARK_HOME": self.home, "SPARK_LOCAL_IP": "127.0.0.1",
+                    "PYSPARK_PYTHON": sys.executable, "SPARK_WORKER_DIR": str(tmp_path / "spark-worker"), **(env or {})}
+        for k in ("SPARK_SUBMIT_OPTS", "SPARK_MASTER_OPTS", "SPARK_WORKER_OPTS"):
+            self.env.pop(k, None)
+        self._args = (master_opts, worker_opts, str(cores), memory)
+        self.logs = tmp_path
+        self.daemons: list = []
+
+    def state(self) -> dict:
+        import json
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.ui}/json/", timeout=5) as r:
+            return json.load(r)
+
+    def __enter__(self) -> "StandaloneCluster":
+        import subprocess
+        import time
+
+        master_opts, worker_opts, cores, memory = self._args
+        spark_class = os.path.join(self.home, "bin", "spark-class")
+
+        def start(args, opts, log):  # a session of its own: stopped with all its children
+            return subprocess.Popen([spark_class, *args], env={**self.env, **opts}, start_new_session=True,
+                                    stdout=subprocess.DEVNULL, stderr=open(self.logs / log, "w"))
+
+        self.daemons.append(start(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port",
+                                   str(self.port), "--webui-port", str(self.ui)],
+                                  {"SPARK_MASTER_OPTS": master_opts}, "spark-master.log"))
+        deadline = time.time() + 120
+        while True:
+            try:
+                self.state()
+                break
+            except OSError:
+                if time.time() > deadline:
+                    self.__exit__(None, None, None)
+                    pytest.fail("the Spark master did not start: " + (self.logs / "spark-master.log").read_text()[-2000:])
+                time.sleep(0.5)
+        self.daemons.append(start(["org.apache.spark.deploy.worker.Worker", "--cores", cores, "--memory", memory,
+                                   "--host", "127.0.0.1", "--webui-port", str(free_port()), self.url],
+                                  {"SPARK_WORKER_OPTS": worker_opts}, "spark-worker.log"))
+        while not [w for w in self.state()["workers"] if w["state"] == "ALIVE"]:
+            if time.time() > deadline:
+                self.__exit__(None, None, None)
+                pytest.fail("the Spark worker did not register: " + (self.logs / "spark-worker.log").read_text()[-2000:])
+            time.sleep(0.5)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        for p in self.daemons:
+            os.killpg(p.pid, signal.SIGTERM)
+        for p in self.daemons:
+            p.wait(60)
+
+
 def run(args, lake, timeout=1800, extra_env=None, both=False, **kw):
     """Run a command as a user would, on ``lake``; fail with its output unless it exits 0."""
     import subprocess

@@ -17,7 +17,8 @@ AIRFLOW = ("airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "a
 SPARK = ("spark-master", "spark-worker-1", "spark-worker-2")
 
 
-SECRETS = {"SOLARIS_DB_PASSWORD": "test-db", "AIRFLOW_JWT_SECRET": "test-jwt", "AIRFLOW_FERNET_KEY": "test-fernet"}
+SECRETS = {"SOLARIS_DB_PASSWORD": "test-db", "AIRFLOW_JWT_SECRET": "test-jwt", "AIRFLOW_FERNET_KEY": "test-fernet",
+           "REDIS_PASSWORD": "test-redis", "SPARK_AUTH_SECRET": "test-spark"}
 
 
 def compose_config(*args: str, env: dict | None = None, check: bool = True):
@@ -71,7 +72,7 @@ def test_airflow_runs_on_postgres_and_submits_to_the_spark_master(config):
         assert json.loads(env["AIRFLOW_CONN_SOLARIS_SPARK"]) == {"conn_type": "spark", "host": "spark://spark-master",
                                                                  "port": 7077}
         assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://airflow-apiserver:8080/execution/"
-        assert env["SOLARIS_REDIS_URL"] == "redis://redis:6379/0"
+        assert env["SOLARIS_REDIS_URL"] == "redis://:test-redis@redis:6379/0"
         assert svc[name]["depends_on"]["airflow-init"]["condition"] == "service_completed_successfully"
         assert env["AIRFLOW__API_AUTH__JWT_SECRET"] == svc["airflow-apiserver"]["environment"]["AIRFLOW__API_AUTH__JWT_SECRET"]
     assert svc["airflow-init"]["command"] == ["airflow", "db", "migrate"]
@@ -91,6 +92,8 @@ def test_secrets_come_from_the_environment_or_nothing_starts():
     assert cfg["services"]["postgres"]["environment"]["POSTGRES_PASSWORD"] == made["SOLARIS_DB_PASSWORD"]
     assert env["AIRFLOW__API_AUTH__JWT_SECRET"] == made["AIRFLOW_JWT_SECRET"]
     assert env["AIRFLOW__CORE__FERNET_KEY"] == made["AIRFLOW_FERNET_KEY"]
+    assert f":{made['REDIS_PASSWORD']}@redis:" in env["SOLARIS_REDIS_URL"]
+    assert f"spark.authenticate.secret={made['SPARK_AUTH_SECRET']}" in env["SPARK_SUBMIT_OPTS"]
     assert generate() != made  # random each time
     for missing in SECRETS:
         p = compose_config(env={k: v for k, v in made.items() if k != missing}, check=False)
@@ -205,3 +208,74 @@ def test_the_secrets_file_is_private_ignored_and_never_overwritten(tmp_path):
     assert main(["--out", str(out)]) == 2 and out.read_text() == before  # the keys the data was encrypted with stay
     ignored = subprocess.run(["git", "check-ignore", "-q", ".env"], cwd=ROOT)
     assert ignored.returncode == 0, ".env must be in .gitignore"
+
+
+def test_redis_on_the_stack_answers_only_with_its_password(tmp_path):
+    """The redis service's command, run here on a free port: a client without the password is
+    refused (NOAUTH), and the URL the DAGs are given (SOLARIS_REDIS_URL) gets in."""
+    import shutil
+    import time
+
+    import redis
+
+    from tests.conftest import free_port
+
+    if shutil.which("redis-server") is None:
+        if os.environ.get("SOLARIS_REQUIRE_REDIS"):
+            pytest.fail("redis-server is required here (SOLARIS_REQUIRE_REDIS) but not installed")
+        pytest.skip("redis-server not installed")
+    svc = compose_config()["services"]
+    command, url = svc["redis"]["command"], svc["airflow-scheduler"]["environment"]["SOLARIS_REDIS_URL"]
+    assert command[0] == "redis-server"
+    port = free_port()
+    proc = subprocess.Popen([shutil.which("redis-server"), *command[1:], "--port", str(port), "--bind", "127.0.0.1"],
+                            cwd=tmp_path, stdout=subprocess.DEVNULL)
+    try:
+        anonymous = redis.Redis(port=port, socket_timeout=5)
+        for _ in range(100):
+            try:
+                anonymous.ping()
+                break
+            except redis.exceptions.AuthenticationError:
+                break
+            except redis.exceptions.ConnectionError:
+                time.sleep(0.05)
+        with pytest.raises(redis.exceptions.AuthenticationError):
+            anonymous.set("k", "v")
+        client = redis.Redis.from_url(url.replace("@redis:6379", f"@127.0.0.1:{port}"), socket_timeout=5)
+        assert client.set("k", "v") and client.get("k") == b"v"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_the_spark_cluster_runs_only_jobs_that_hold_its_secret(tmp_path):
+    """A Spark standalone master and worker started here with the services' SPARK_MASTER_OPTS and
+    SPARK_WORKER_OPTS: a driver with the drivers' SPARK_SUBMIT_OPTS runs a job; one without them (a
+    container on the network that lacks the secret) is never registered as an application."""
+    import sys
+
+    from tests.conftest import StandaloneCluster
+
+    env_of = compose_config()["services"]
+    master_opts = env_of["spark-master"]["environment"]["SPARK_MASTER_OPTS"]
+    worker_opts = env_of["spark-worker-1"]["environment"]["SPARK_WORKER_OPTS"]
+    submit_opts = env_of["airflow-scheduler"]["environment"]["SPARK_SUBMIT_OPTS"]
+    assert "spark.authenticate=true" in master_opts and master_opts == worker_opts == submit_opts
+    with StandaloneCluster(tmp_path, master_opts, worker_opts) as cluster:
+        def driver(env, timeout):
+            code = (f"from pyspark.sql import SparkSession; s = SparkSession.builder.master({cluster.url!r})"
+                    ".config('spark.executor.memory', '512m').getOrCreate();"
+                    " print('COUNT', s.range(1000).count()); s.stop()")
+            try:
+                return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                      timeout=timeout)
+            except subprocess.TimeoutExpired as e:
+                return e
+
+        ok = driver({**cluster.env, "SPARK_SUBMIT_OPTS": submit_opts}, 240)
+        assert isinstance(ok, subprocess.CompletedProcess) and "COUNT 1000" in ok.stdout, getattr(ok, "stderr", ok)
+        outsider = driver(cluster.env, 30)  # no secret: it waits for a registration that never comes
+        assert not (isinstance(outsider, subprocess.CompletedProcess) and "COUNT 1000" in outsider.stdout)
+        apps = cluster.state()
+        assert len(apps["activeapps"]) + len(apps["completedapps"]) == 1  # the job with the secret only

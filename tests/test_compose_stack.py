@@ -225,7 +225,8 @@ def test_compose_up_runs_the_stack_and_an_hourly_dag_run_writes_serves_and_publi
 
     # Redis holds the published namespace, and the pointer names it.
     def redis(*args: str) -> str:
-        return sh([*compose, "exec", "-T", "redis", "redis-cli", *args], env).stdout.strip()
+        return sh([*compose, "exec", "-T", "redis", "sh", "-c", 'REDISCLI_AUTH="$REDIS_PASSWORD" redis-cli "$@"', "--",
+                   *args], env).stdout.strip()
 
     assert redis("GET", "solaris:current") == f"solaris:{pub['run_id']}"
     meta = json.loads(redis("GET", f"solaris:{pub['run_id']}:meta"))

@@ -55,3 +55,20 @@ def test_the_hourly_dag_runs_the_stages_in_order_on_the_hour_that_ended(dagbag):
     assert dag.get_task("resolve_features").application_args[:2] == ["--start", "{{ data_interval_start.isoformat() }}"]
     # a data-interval timetable: each run covers the hour that ended, not a zero-length trigger
     assert type(dag.timetable).__name__ == "CronDataIntervalTimetable"
+
+
+def test_the_tasks_that_run_the_fm_go_to_the_gpu_pool_and_queue_when_configured(tmp_path, monkeypatch):
+    """``[orchestration] gpu_pool`` / ``gpu_queue``: precompute (hourly) and the backfill, the two
+    tasks that run the FM, are routed there; every other task keeps the default pool."""
+    config = tmp_path / "solaris.toml"
+    config.write_text(f'[lake]\nroot = "{tmp_path / "lake"}"\n[orchestration]\ngpu_pool = "solaris_gpu"\ngpu_queue = "gpu"\n')
+    monkeypatch.setenv("SOLARIS_CONFIG", str(config))
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path / "airflow_home"))
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(ROOT / "dags"))
+    assert bag.import_errors == {}
+    routed = {(d, t.task_id) for d in ("solaris_precompute", "solaris_backfill") for t in bag.dags[d].tasks
+              if t.pool == "solaris_gpu" and t.queue == "gpu"}
+    assert routed == {("solaris_precompute", "precompute"), ("solaris_backfill", "backfill")}
+    assert all(t.pool == "default_pool" for d in bag.dags.values() for t in d.tasks if (d.dag_id, t.task_id) not in routed)

@@ -312,3 +312,57 @@ def test_hostile_input_is_quarantined_or_refused_in_one_line(spark, make_cfg, tm
         ic.ingest(spark, cfg, str(utf16), spec(cfg))
     report = ic.ingest(spark, cfg, str(utf16), spec(cfg, encoding="utf-16"))  # told the encoding, it reads
     assert (report.requests, report.quarantined) == (20, 0)
+
+
+def test_records_not_lines_a_literal_replacement_character_and_a_line_too_wide_to_parse(spark, make_cfg, tmp_path):
+    """A quoted field holding a newline is one record (not a quarantined half and an invented
+    click); U+FFFD written as text is text (only a file with bytes that are not UTF-8 has its
+    U+FFFD records quarantined); a line of more fields than the parser can hold is quarantined
+    alone and the good rows of its file land."""
+    from spark_jobs.raw_input import MAX_FIELDS, WIDE_LINE
+
+    cfg = make_cfg("click_records")
+    good = [f"u{n},i{n % 5},{H0 + n * 60_000},1,0,3,1" for n in range(6)]
+    quoted = f'u7,i1,{H0 + 600_000},"home\npage",0,3,1'
+    replacement = f"u8,i2,{H0 + 660_000},caf\ufffd,0,3,1"
+    path = tmp_path / "records.csv"
+    path.write_text("\n".join([HEADER, *good[:3], quoted, replacement, *good[3:]]) + "\n", encoding="utf-8")
+    report = ic.ingest(spark, cfg, str(path), spec(cfg))
+    assert (report.records_in, report.requests, report.quarantined) == (8, 8, 0)
+    clicks = {r.user_id: r for r in table(spark, cfg, "request_log").where("label = 1").collect()}
+    assert clicks["u7"].surface == "home\npage" and clicks["u8"].surface == "caf\ufffd"
+    assert not any(u.startswith("page") for u in clicks)
+
+    wide = tmp_path / "wide.csv"
+    later = [g.replace("u", "w", 1) for g in good]
+    wide.write_text("\n".join([HEADER, *later[:3], "w9,i1" + "," * MAX_FIELDS, *later[3:]]) + "\n")
+    report = ic.ingest(spark, cfg, str(wide), spec(cfg, source="wide"))
+    assert (report.records_in, report.requests, dict(report.reasons)) == (7, 6, {WIDE_LINE: 1})
+    q = table(spark, cfg, "request_log_quarantine").where("source = 'wide'").collect()
+    assert len(q) == 1 and q[0].raw.startswith("w9,i1,,,") and len(q[0].raw) == len("w9,i1") + MAX_FIELDS
+
+
+def test_a_quarantined_record_s_raw_text_parses_back_to_the_same_fields(spark, make_cfg, tmp_path):
+    """The quarantine keeps each record as a CSV line: the header and the quarantined lines, read
+    by the same reader, give back the fields as they were read (spaces and quoted commas too)."""
+    from spark_jobs.raw_input import data_columns, read_raw
+
+    cfg = make_cfg("click_raw")
+    bad = [' u1 ,i1,not-a-time,"home, page",0,3,1', f'u2,,{H0},web,"a ""b""",3,1', f"u3,i3,{H0},,,,"]
+    good = [f"u{n},i{n},{H0 + n * 60_000},1,0,3,1" for n in range(4, 8)]
+    path = tmp_path / "bad.csv"
+    path.write_text("\n".join([HEADER, *good, *bad]) + "\n")
+    ic.ingest(spark, cfg, str(path), spec(cfg))
+    raws = [r.raw for r in table(spark, cfg, "request_log_quarantine").collect()]
+    assert len(raws) == 2  # u3 has no context: it is good
+
+    def fields(p):
+        records = read_raw(spark, str(p), "csv").records
+        return sorted(tuple(r[c] for c in data_columns(records)) for r in records.collect())
+
+    again = tmp_path / "again.csv"
+    again.write_text("\n".join([HEADER, *raws]) + "\n")
+    original = tmp_path / "original.csv"
+    original.write_text("\n".join([HEADER, *bad[:2]]) + "\n")
+    assert fields(again) == fields(original)
+    assert (" u1 ", "i1", "not-a-time", "home, page", "0", "3", "1") in fields(again)

@@ -19,7 +19,7 @@ from include.cli import parse_time
 from include.config import PrecomputeConfig
 from model import registry
 from spark_jobs import backfill, embed_pairs, miss_queue, precompute, speculate
-from tests.conftest import TINY, copy_lake, free_port
+from tests.conftest import TINY, StandaloneCluster, copy_lake
 
 pytestmark = pytest.mark.spark
 
@@ -462,42 +462,18 @@ def test_a_run_killed_midway_leaves_every_table_readable(spark, lake):
 @pytest.mark.slow
 def test_backfill_through_spark_submit_to_a_standalone_cluster(lake, tmp_path):
     """A real Spark standalone master and worker on 127.0.0.1, and one interval submitted to them."""
-    import urllib.request
-
     from deltalake import DeltaTable
 
     bin_dir = Path(sys.executable).parent
-    port, ui, worker_ui = free_port(), free_port(), free_port()
-    master = f"spark://127.0.0.1:{port}"
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}", "SPARK_LOCAL_IP": "127.0.0.1",
-           "SPARK_WORKER_DIR": str(tmp_path / "work"), "SOLARIS_LAKE_ROOT": str(lake.lake.root_path),
-           "SOLARIS_SPARK_MASTER": master}
-    spark_class = str(bin_dir / "spark-class")
-    procs = [subprocess.Popen([spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                               "--port", str(port), "--webui-port", str(ui)], env=env, start_new_session=True,
-                              stdout=subprocess.DEVNULL, stderr=open(tmp_path / "master.log", "w"))]
-    try:
-        procs.append(subprocess.Popen([spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
-                                       "--cores", "2", "--memory", "3g", "--webui-port", str(worker_ui), master],
-                                      env=env, start_new_session=True, stdout=subprocess.DEVNULL,
-                                      stderr=open(tmp_path / "worker.log", "w")))
-        state = {}
-        for _ in range(120):  # wait for the worker to register
-            try:
-                state = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{ui}/json", timeout=2).read())
-                if state.get("aliveworkers", 0) >= 1:
-                    break
-            except OSError:
-                pass
-            time.sleep(1)
-        assert state.get("aliveworkers", 0) >= 1, (tmp_path / "worker.log").read_text()[-2000:]
-
+    env = {"PATH": f"{bin_dir}:{os.environ.get('PATH', '')}", "SOLARIS_LAKE_ROOT": str(lake.lake.root_path)}
+    with StandaloneCluster(tmp_path, cores=2, memory="3g", env=env) as cluster:
+        env = {**cluster.env, "SOLARIS_SPARK_MASTER": cluster.url}
         t = T + timedelta(hours=3)
         props = subprocess.run([sys.executable, "-m", "include.spark", "--out", str(tmp_path / "cluster.conf")],
                                cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout.strip()
         cfg_file = tmp_path / "cluster.toml"
         cfg_file.write_text("[precompute]\nlookback_hours = 3\ntrending_items = 5\nrecent_items_per_user = 5\n")
-        p = subprocess.run([str(bin_dir / "spark-submit"), "--master", master, "--properties-file", props,
+        p = subprocess.run([str(bin_dir / "spark-submit"), "--master", cluster.url, "--properties-file", props,
                             "spark_jobs/backfill.py", "--start", (t - timedelta(hours=1)).isoformat(), "--end", t.isoformat(),
                             "--config", str(cfg_file)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
         assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
@@ -505,12 +481,7 @@ def test_backfill_through_spark_submit_to_a_standalone_cluster(lake, tmp_path):
         runs = DeltaTable(str(lake.lake.table_path("precompute_runs"))).to_pandas()
         run = runs[runs["run_id"] == t.isoformat()].iloc[0]
         assert run["pairs_embedded"] == run["pairs_selected"] > 0
-        apps = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{ui}/json", timeout=5).read())
-        assert any(a["name"] == "solaris" for a in apps["completedapps"])  # it really ran on the cluster
-    finally:
-        for proc in procs:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=60)
+        assert any(a["name"] == "solaris" for a in cluster.state()["completedapps"])  # it really ran on the cluster
 
 
 def test_vacuum_runs_on_its_cadence_and_removes_unreferenced_files(spark, make_cfg):

@@ -530,6 +530,29 @@ def test_an_idle_kept_alive_connection_is_closed(strict_server):
         assert time.time() - started < 4
 
 
+def test_shutdown_answers_a_request_that_reaches_a_kept_alive_connection(tables):
+    """A client may send on its kept-alive connection just as the server starts to stop: that
+    request is answered, with "Connection: close", not reset with the connection."""
+    import socket
+
+    store = OnlineStore(tables, poll_seconds=3600, miss_flush_seconds=0.1).start()
+    with serving(store, keepalive_seconds=30) as srv:
+        host, port = srv.socket.getsockname()[:2]
+        with socket.create_connection((host, port), timeout=5) as s:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert s.recv(65536).startswith(b"HTTP/1.1 200")
+            stopping = threading.Thread(target=srv.shutdown)
+            stopping.start()
+            time.sleep(0.3)  # the server is shutting down; this connection is idle
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            out = b""
+            while chunk := s.recv(65536):
+                out += chunk
+            stopping.join(10)
+        assert out.startswith(b"HTTP/1.1 200") and b"connection: close" in out.lower(), out
+        assert not stopping.is_alive()
+
+
 @contextmanager
 def running_service(tables, tmp_path, **serve):
     """``python -m feature_store.serve`` on the tables, as a process: yields it and its URL once it
@@ -596,6 +619,33 @@ def test_workers_share_the_port_and_every_worker_flushes_its_misses_at_sigterm(t
     rows = DeltaTable(str(tables / "miss_queue")).to_pyarrow_table().to_pylist()
     got = sorted((r["user_id"], r["item_id"]) for r in rows if r["item_id"].startswith("never_seen"))
     assert got == sorted(missed)
+
+
+def test_every_worker_reports_the_counters_of_all_workers(tables, tmp_path):
+    """Under two workers, /v1/status and /metrics count every worker's lookups, whichever worker
+    answers the scrape: a counter never jumps back between two scrapes."""
+    with running_service(tables, tmp_path, workers=2, record_misses="false") as (_, url):
+        served = {}  # lookups per worker
+        for k in range(300):  # a new connection each time: the kernel hands it to either worker
+            with LookupClient(url) as c:
+                c.lookup("u3", ["i21"], NOW)
+                pid = json.loads(c.request("GET", "/v1/status")[2])["pid"]
+            served[pid] = served.get(pid, 0) + 1
+            if len(served) == 2 and k >= 20:
+                break
+        assert len(served) == 2
+        lookups = sum(served.values())
+        seen = {}
+        for _ in range(300):
+            with LookupClient(url, binary=False) as c:
+                status = json.loads(c.request("GET", "/v1/status")[2])
+                text = c.request("GET", "/metrics")[2].decode()
+            seen[status["pid"]] = status
+            assert status["requests"]["200"] == lookups and sum(status["pairs"].values()) == lookups
+            assert re.search(rf'solaris_lookup_requests_total{{status="200"}} {lookups}(\.0)?\n', text), text
+            if len(seen) == 2:
+                break
+        assert len(seen) == 2  # both workers answered a scrape, each with the sum
 
 
 def test_a_worker_that_dies_stops_the_server_with_an_error(tables, tmp_path):
