@@ -2,7 +2,8 @@
 
 Shared by the click-log, impression and item ingests. A CSV input is read so that no line is lost
 or invented:
-- quoted fields may hold newlines (the reader parses records, not lines);
+- quoted fields may hold newlines: a file that has one is parsed by records (one task per file),
+  the others by lines (split across tasks);
 - a line of more fields than the parser can hold (``MAX_FIELDS``) is quarantined alone, instead of
   failing its whole file;
 - blank lines, which the CSV reader skips, are quarantined, so every line is counted;
@@ -90,16 +91,19 @@ def _utf8(encoding: str) -> bool:
 
 
 def _scan_lines(spark, path: str, utf8: bool) -> DataFrame:
-    """One pass over the input's lines, keeping only those that matter: blank, over-wide, or (UTF-8)
-    holding invalid bytes. Columns: file, value (blank and wide lines only), wide, invalid."""
+    """One pass over the input's lines, keeping only those that matter: blank, over-wide, (UTF-8)
+    holding invalid bytes, or with an odd number of quotes (a quoted field that goes on past the
+    line's end). Columns: file, value (blank and wide lines only), wide, invalid, blank, open_quote."""
     text = spark.read.text(path).select(F.col("_metadata.file_path").alias("file"), "value")
     wide = (F.length("value") >= MAX_FIELDS) & (F.size(F.split("value", ",")) > MAX_FIELDS)
     invalid = ~F.is_valid_utf8("value") if utf8 else F.lit(False)
     blank = F.col("value").rlike(BLANK)
-    return (text.select("file", "value", wide.alias("wide"), invalid.alias("invalid"), blank.alias("blank"))
-            .where("wide OR invalid OR blank")
+    open_quote = (F.length("value") - F.length(F.translate("value", '"', ""))) % 2 == 1
+    return (text.select("file", "value", wide.alias("wide"), invalid.alias("invalid"), blank.alias("blank"),
+                        open_quote.alias("open_quote"))
+            .where("wide OR invalid OR blank OR open_quote")
             .select("file", F.when(F.col("wide") | F.col("blank"), F.col("value")).alias("value"), "wide", "invalid",
-                    "blank"))
+                    "blank", "open_quote"))
 
 
 def _file_key(uri: str) -> str:
@@ -122,15 +126,17 @@ def read_raw(spark, path: str, fmt: str, encoding: str = "utf-8") -> RawInput:
         return RawInput(records, records.limit(0).select(F.col(RAW).alias("raw"), F.lit("").alias("reason")))
     if fmt != "csv":
         raise InputError(f"format must be csv or parquet, got {fmt!r}")
-    # multiLine: records, not lines (a quoted field may hold a newline). Spark would also split lines
-    # on the byte 0x0A before decoding, which cuts multi-byte encodings (UTF-16) mid-character.
-    reader = (spark.read.option("header", True).option("encoding", encoding).option("multiLine", True)
-              .option("maxColumns", MAX_FIELDS))
     utf8 = _utf8(encoding)
+    # Files are parsed by lines, which Spark splits across tasks, except where that would cut a record:
+    # a file with a quoted field that holds a newline is parsed by records (multiLine, one task per
+    # file), and outside UTF-8 every file is read whole and decoded (Spark splits lines on the byte
+    # 0x0A before decoding, which cuts multi-byte encodings such as UTF-16 mid-character).
+    reader = (spark.read.option("header", True).option("encoding", encoding).option("multiLine", not utf8)
+              .option("maxColumns", MAX_FIELDS))
     scan = _scan_lines(spark, path, utf8).persist()
     try:
-        flagged = scan.where("wide OR invalid").groupBy("file").agg(F.max("wide").alias("wide"),
-                                                                    F.max("invalid").alias("invalid")).collect()
+        flagged = (scan.where("wide OR invalid OR open_quote").groupBy("file")
+                   .agg(*[F.max(c).alias(c) for c in ("wide", "invalid", "open_quote")]).collect())
         header = reader.csv(path).columns
     except Exception as e:  # a truncated gzip, an unreadable file
         scan.unpersist()
@@ -146,22 +152,30 @@ def read_raw(spark, path: str, fmt: str, encoding: str = "utf-8") -> RawInput:
 
     schema = StructType([StructField(c, StringType()) for c in header] + [StructField(CORRUPT, StringType())])
     permissive = reader.option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT).schema(schema)
-    wide_files = [r.file for r in flagged if r.wide]
+    wide = {_file_key(r.file): r.file for r in flagged if r.wide}
+    whole = {_file_key(r.file) for r in flagged if r.open_quote and not r.wide}
     invalid_files = [r.file for r in flagged if r.invalid]
-    if wide_files:
-        # Those files are parsed from their lines without the over-wide ones (which the scan
-        # quarantines); the others as they are.
-        files = [f for f in spark.read.text(path).inputFiles() if _file_key(f) not in {_file_key(w) for w in wide_files}]
-        lines = (spark.read.text(wide_files).select(F.col("_metadata.file_path").alias("file"), "value")
-                 .join(scan.where("wide").select("file", "value"), ["file", "value"], "left_anti"))
-        narrow = permissive.option("multiLine", False).csv(lines.select("value").rdd.map(lambda r: r.value))
-        narrow = narrow.withColumn("_file", F.lit(wide_files[0] if len(wide_files) == 1 else None))
-        rest = permissive.csv(files).select("*", F.col("_metadata.file_path").alias("_file")) if files else None
-        records = narrow if rest is None else rest.unionByName(narrow)
-        undecoded_file = F.col("_file").isin(invalid_files) | (F.col("_file").isNull() & F.lit(bool(invalid_files)))
+    with_file = lambda df: df.select("*", F.col("_metadata.file_path").alias("_file"))  # noqa: E731
+    if not wide and not whole:
+        records = with_file(permissive.csv(path))
     else:
-        records = permissive.csv(path).select("*", F.col("_metadata.file_path").alias("_file"))
-        undecoded_file = F.col("_file").isin(invalid_files)
+        files = spark.read.text(path).inputFiles()
+        parts = []
+        by_lines = [f for f in files if _file_key(f) not in wide and _file_key(f) not in whole]
+        if by_lines:
+            parts.append(with_file(permissive.csv(by_lines)))
+        if whole:
+            parts.append(with_file(permissive.option("multiLine", True).csv([f for f in files if _file_key(f) in whole])))
+        if wide:
+            # parsed from their lines without the over-wide ones (which the scan quarantines)
+            lines = (spark.read.text(list(wide.values())).select(F.col("_metadata.file_path").alias("file"), "value")
+                     .join(scan.where("wide").select("file", "value"), ["file", "value"], "left_anti"))
+            narrow = permissive.option("multiLine", False).csv(lines.select("value").rdd.map(lambda r: r.value))
+            parts.append(narrow.withColumn("_file", F.lit(next(iter(wide.values())) if len(wide) == 1 else None)))
+        records = parts[0]
+        for part in parts[1:]:
+            records = records.unionByName(part)
+    undecoded_file = F.col("_file").isin(invalid_files) | (F.col("_file").isNull() & F.lit(bool(invalid_files)))
     # Reading records, the parser returns a whitespace-only line as a one-field record: the scan
     # has it already, as a blank line.
     records = records.where(F.col(CORRUPT).isNull() | ~F.col(CORRUPT).rlike(BLANK))
