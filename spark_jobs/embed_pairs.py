@@ -116,6 +116,17 @@ def embed(pairs: DataFrame, fm_path: str, ae_path: str, t: datetime, device: str
                                profile=gpu_profile(task_gpus) if task_gpus else None)
 
 
+def fm_device(cfg) -> tuple[str, float]:
+    """(device, task_gpus) for a stage that runs the FM: with ``[spark] executor_gpus`` each task runs
+    on the GPU Spark assigns it (the driver may have none); else ``[models] device``, decided on the
+    driver, where a cuda request without a GPU fails early."""
+    if cfg.spark.executor_gpus:
+        return "cpu", cfg.spark.task_gpus
+    from model.train import pick_device
+
+    return str(pick_device(cfg.models.device)), 0.0
+
+
 def gpu_profile(task_gpus: float):
     """A stage-level profile whose tasks each need ``task_gpus`` of a GPU (and one core), so Spark
     runs them only where a GPU is free and tells each which one (TaskContext.resources)."""

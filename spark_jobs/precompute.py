@@ -106,12 +106,7 @@ def run(spark, cfg, t: datetime) -> RunCounters:
     fm_cfg = registry.read_json(models["fm"], "config.json")["config"]
     pairs = embed_pairs.with_fm_inputs(selected, spark.table(name["user_events"]), spark.table(name["items"]), t,
                                        fm_cfg["history_len"], fm_cfg["horizon_hours"], fm_cls.inputs)
-    from model.train import pick_device
-
-    if cfg.spark.executor_gpus:  # each embedding task runs on the GPU Spark assigns it (the driver may have none)
-        device, task_gpus = "cpu", cfg.spark.task_gpus
-    else:  # on the driver: a cuda request without a GPU fails here, early
-        device, task_gpus = str(pick_device(cfg.models.device)), 0.0
+    device, task_gpus = embed_pairs.fm_device(cfg)
     embedded = embed_pairs.embed(pairs, models["fm"], models["autoencoder"], t, device, cfg.allowed_classes,
                                  task_gpus)
     rows = embed_pairs.to_rows(embedded, t, pc.ttl_hours, fm_version, run_id).persist()

@@ -31,23 +31,27 @@ from feature_store import lake
 from include.cli import print_counters, run_at_time
 from model.interface import BUILTIN_FM
 from spark_jobs import embed_pairs
+from spark_jobs.embed_pairs import fm_device
 
 
 def user_vectors(users_with_history: DataFrame, fm_path: str, ae_path: str, t: datetime,
-                 device: str = "cpu", allowed: frozenset[str] = frozenset({BUILTIN_FM})) -> DataFrame:
+                 device: str = "cpu", allowed: frozenset[str] = frozenset({BUILTIN_FM}),
+                 task_gpus: float = 0.0) -> DataFrame:
     """Add ``vector`` (array<float>): the FM user-only pass as of t of rows with user_id and the
-    history columns of ``embed_pairs.histories``."""
+    history columns of ``embed_pairs.histories``. ``task_gpus``: as ``embed_pairs.embed``."""
 
     def run(batches):
         import pandas as pd
 
         from model.inference import fm_user_vectors
 
+        on = embed_pairs.task_device(device)
         for pdf in batches:
-            v = fm_user_vectors(pdf.assign(ts=pd.Timestamp(t)), fm_path, ae_path, device=device, allowed=allowed)
+            v = fm_user_vectors(pdf.assign(ts=pd.Timestamp(t)), fm_path, ae_path, device=on, allowed=allowed)
             yield pd.DataFrame({"user_id": pdf["user_id"], "vector": list(v)})
 
-    return users_with_history.mapInPandas(run, "user_id string, vector array<float>")
+    return users_with_history.mapInPandas(run, "user_id string, vector array<float>",
+                                          profile=embed_pairs.gpu_profile(task_gpus) if task_gpus else None)
 
 
 def neighbor_rows(user_ids: np.ndarray, lender_ids: np.ndarray, ids: np.ndarray, sims: np.ndarray):
@@ -60,7 +64,6 @@ def neighbor_rows(user_ids: np.ndarray, lender_ids: np.ndarray, ids: np.ndarray,
 def run(spark, cfg, t: datetime) -> dict:
     from model import interface, registry
     from model.knn import neighbors, normalize
-    from model.train import pick_device
     from model.registry import resolve_models
 
     started = time.perf_counter()
@@ -80,8 +83,9 @@ def run(spark, cfg, t: datetime) -> dict:
         hist = embed_pairs.histories(spark.table(qualified_name(USER_EVENTS, db)), active, t, fm_cfg["history_len"],
                                      fm_cfg["horizon_hours"], spark.table(qualified_name(ITEMS, db)))
         active = active.join(hist, "user_id", "left")
-    device = str(pick_device(cfg.models.device))
-    vecs = user_vectors(active, models["fm"], models["autoencoder"], t, device, cfg.allowed_classes).toPandas()
+    device, task_gpus = fm_device(cfg)
+    vecs = user_vectors(active, models["fm"], models["autoencoder"], t, device, cfg.allowed_classes,
+                        task_gpus).toPandas()
     lender_set = {r.user_id for r in lenders.collect()}
 
     user_ids = vecs["user_id"].to_numpy(dtype=object)

@@ -223,12 +223,17 @@ def test_compose_up_runs_the_stack_and_an_hourly_dag_run_writes_serves_and_publi
     for service in ("lookup", "airflow-scheduler", "spark-worker-1"):
         assert sh([*compose, "exec", "-T", service, "id", "-un"], env).stdout.strip() == "solaris"
 
-    # Redis holds the published namespace, and the pointer names it.
+    # Redis holds the published namespace, and the pointer names it (the password, from the
+    # container's environment, lets redis-cli in).
     def redis(*args: str) -> str:
         return sh([*compose, "exec", "-T", "redis", "sh", "-c", 'REDISCLI_AUTH="$REDIS_PASSWORD" redis-cli "$@"', "--",
                    *args], env).stdout.strip()
 
-    assert redis("GET", "solaris:current") == f"solaris:{pub['run_id']}"
-    meta = json.loads(redis("GET", f"solaris:{pub['run_id']}:meta"))
+    current = redis("GET", "solaris:current")  # a namespace of its own per publish: solaris:<run>:<ns>
+    assert current.startswith(f"solaris:{pub['run_id']}:")
+    meta = json.loads(redis("GET", f"{current}:meta"))
     assert meta["run_id"] == pub["run_id"]
+    # and without the password Redis answers nothing
+    anonymous = sh([*compose, "exec", "-T", "redis", "redis-cli", "GET", "solaris:current"], env, check=False)
+    assert "NOAUTH" in anonymous.stdout + anonymous.stderr
     print("[compose stack] timings (s): " + ", ".join(f"{k} {v:.0f}" for k, v in TIMINGS.items()))
