@@ -417,7 +417,7 @@ def deadline_protocol(request_timeout: float, max_connections: int | None = None
 
     At shutdown no request that reached the connection is reset: an idle connection is closed
     after ``drain_seconds`` (or after answering a request that arrives meanwhile), a busy one after
-    after answering the last request it received; that answer says "Connection: close"."""
+    answering the last request it received; that answer says "Connection: close"."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     class DeadlineProtocol(HttpToolsProtocol):
