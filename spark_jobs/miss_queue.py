@@ -10,10 +10,11 @@ Rows of lakes written before the split carry their run in ``miss_queue.consumed_
 places are read.
 
 ``prune`` keeps the queue bounded: each run deletes the rows older than
-``[precompute] queue_retention_hours``. The lookup's appends are committed as blind appends (they
-read nothing) to a table at WriteSerializable isolation, where Delta lets a DELETE commit beside
-them; a DELETE that still loses a race is tried again and otherwise left to the next run, with
-every row still there.
+``[precompute] queue_retention_hours``, with delta-rs (``lake.delete_before``): its conflict check
+reads the files appended meanwhile by their statistics, so the lookup's appends of newer rows
+commit beside it (Spark's DELETE on this unpartitioned table fails on any concurrent append). A
+DELETE that still loses a race is tried again and otherwise left to the next run, with every row
+still there.
 """
 
 from __future__ import annotations
