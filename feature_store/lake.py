@@ -32,6 +32,11 @@ def utc_now() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
+def as_utc(t: datetime) -> datetime:
+    """``t`` as an aware UTC time; a naive time is UTC already (the tables' convention)."""
+    return t.astimezone(timezone.utc) if t.tzinfo else t.replace(tzinfo=timezone.utc)
+
+
 def valid_at(t, computed_at: str = "computed_at", expires_at: str = "expires_at"):
     """The Spark condition of a row valid at ``t``: ``computed_at <= t < expires_at`` (the array form,
     for the lookup, is ``feature_store.resolution.valid_at``)."""
@@ -84,8 +89,7 @@ def delete_before(cfg, spec: TableSpec, column: str, before: datetime) -> int:
     any file appended while it ran). A lost race raises delta-rs's ``CommitFailedError``."""
     from deltalake import DeltaTable
 
-    stamp = before.astimezone(timezone.utc) if before.tzinfo else before.replace(tzinfo=timezone.utc)
-    out = DeltaTable(location(cfg, spec)).delete(f"{column} < '{stamp.strftime('%Y-%m-%dT%H:%M:%S.%f')}Z'")
+    out = DeltaTable(location(cfg, spec)).delete(f"{column} < '{as_utc(before).strftime('%Y-%m-%dT%H:%M:%S.%f')}Z'")
     return int(out.get("num_deleted_rows", 0) or 0)
 
 

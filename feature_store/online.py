@@ -20,14 +20,14 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
 from deltalake import write_deltalake
 
 from feature_store.ids import id_problem
-from feature_store.lake import arrow_schema, read_arrow, table_path, utc_now
+from feature_store.lake import arrow_schema, as_utc, read_arrow, table_path, utc_now
 from feature_store.resolution import EXACT, Snapshot
 from feature_store.store import LookupStore
 from feature_store.tables import FEATURE_VERSIONS, MISS_QUEUE
@@ -51,10 +51,6 @@ def publications(tables_root: str | Path) -> list[Published]:
     rows.sort(key=lambda r: (r["interval_end"], r["published_at"]), reverse=True)
     return [Published(r["run_id"], r["interval_end"],
                       {k: int(v) for k, v in r.items() if k.endswith("_version") and v is not None}) for r in rows]
-
-
-def _epoch(t: datetime) -> float:
-    return (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).timestamp()
 
 
 def latest_publication(tables_root: str | Path) -> Published | None:
@@ -296,7 +292,7 @@ class OnlineStore(LookupStore):
                 "snapshot_versions": pub.versions if pub else None,
                 "snapshot_loaded_seconds_ago": round(time.time() - state.loaded_at, 3),
                 # how old the data is: the publication's interval end (its run's t), not the load
-                "snapshot_data_age_seconds": round(time.time() - _epoch(pub.interval_end), 3) if pub else None,
+                "snapshot_data_age_seconds": round(time.time() - as_utc(pub.interval_end).timestamp(), 3) if pub else None,
                 "snapshot_stats": state.snapshot.stats, "dim": state.snapshot.dim,
                 "reloads": self.reloads, "reload_failures": self.reload_failures, "last_error": self.last_error,
                 "misses": None if self.misses is None else self.misses.status()}
