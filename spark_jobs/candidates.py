@@ -183,12 +183,14 @@ def clicks_to_requests(clicks: DataFrame, params: ClickLogConfig, source: str,
                 .withColumn("request_id", F.concat_ws(":", F.lit(source), "user_id",
                                                       F.unix_millis("ts").cast("string"), "item_id"))
                 .withColumn("hour", _hour("ts"))
-                .join(F.broadcast(pools), "hour", "left")
-                .withColumn("pool", F.coalesce("pool", F.array().cast(POOL_TYPE)))
-                .fillna(0.0, ["new_share"])
                 # what the user clicked in the hour and the next (a session's other clicks) is never a negative
                 .join(mine, ["user_id", "hour"], "left")
-                .withColumn("mine", F.coalesce("mine", F.array().cast("array<string>"))))
+                .withColumn("mine", F.coalesce("mine", F.array().cast("array<string>")))
+                # The pools last, broadcast: a row that carries its hour's pool (pool_size events) must
+                # not cross a shuffle (on the whole Globo log that was ~150 GB of shuffle files).
+                .join(F.broadcast(pools), "hour", "left")
+                .withColumn("pool", F.coalesce("pool", F.array().cast(POOL_TYPE)))
+                .fillna(0.0, ["new_share"]))
     # Successive draws from the pool's events (each an index by a seeded hash of the request and the
     # draw), skipping the clicked item, the user's own clicks and items drawn already, until K
     # distinct: K draws without replacement, each in proportion to the item's clicks in the pool.

@@ -1,5 +1,6 @@
 """The click-log candidate generator, on tiny DataFrames."""
 
+import re
 from datetime import datetime, timedelta
 
 import pytest
@@ -202,3 +203,17 @@ def test_a_log_split_into_overlapping_inputs_draws_what_the_whole_log_draws(spar
 def test_bad_params_are_rejected(kwargs):
     with pytest.raises(ValueError):
         ClickLogConfig(**kwargs)
+
+
+def test_no_shuffle_carries_an_hours_pool(spark, log):
+    """Every request row holds its hour's pool (``pool_size`` click events) while its negatives are
+    drawn; a shuffle after the pools are joined would write that pool once per click (on the whole
+    Globo log, ~150 GB of shuffle files, which filled the disk)."""
+    rows = clicks_to_requests(log, ClickLogConfig(2, pool_size=100), "t")
+    plan = rows._sc._jvm.org.apache.spark.sql.execution.ExplainMode.fromString("formatted")
+    text = rows._jdf.queryExecution().explainString(plan)
+    blocks = re.split(r"\n(?=\(\d+\) )", text)
+    exchanges = [b for b in blocks if re.match(r"\(\d+\) (ShuffleExchange|Exchange)", b)]
+    assert exchanges  # the check reads the plan's shuffles (the user's own clicks are joined through one)
+    carrying = [b.splitlines()[0] for b in exchanges if re.search(r"Input \[\d+\]: \[[^\]]*\bpool\b", b)]
+    assert carrying == []
