@@ -136,30 +136,59 @@ def leak_statistics(requests: DataFrame, clicks: DataFrame) -> dict[str, float]:
     item-level fallback or a "seen lately" counter exposes), whether it had any click before at all
     (known item: an item not yet published has no code of any tier), and the position. Near 0.5 is what
     unbiased candidates give; far from it means the data, not a model, separates the labels.
-    ``clicks``: (item_id, ts) of every click the pools were drawn from."""
-    from pyspark.sql import Window
+    ``clicks``: (item_id, ts) of every click the pools were drawn from.
 
+    One shuffle puts each item's clicks and candidate rows in one partition; each partition counts,
+    per row, the item's clicks strictly before it in each window by binary search over the sorted
+    clicks and returns histograms only. (A Spark range window over the same rows recomputes its sum
+    for every row, since a sum cannot take rows out of a sliding frame: on the whole Globo log, with
+    tens of thousands of rows an hour for a popular item, that ran for most of an hour.)"""
     from model.metrics import auc_from_histogram
 
-    hour_us = 3600 * 10**6
-    # One pass per item over its clicks (weight 1) and its candidate rows (weight 0), in time order:
-    # a row's counts are the clicks strictly before it in the window.
-    both = (clicks.select("item_id", F.unix_micros("ts").alias("us"), F.lit(1).alias("w"),
-                          F.lit(None).cast("int").alias("label"), F.lit(None).cast("int").alias("position"))
-            .unionByName(requests.select("item_id", F.unix_micros("ts").alias("us"), F.lit(0).alias("w"),
-                                         F.col("label").cast("int"), F.col("position").cast("int"))))
-    by_item = Window.partitionBy("item_id").orderBy("us")
-    scored = (both.withColumn("prior_clicks", F.sum("w").over(by_item.rangeBetween(-hour_us, -1)))
-              .withColumn("recent_click", (F.sum("w").over(by_item.rangeBetween(-24 * hour_us, -1)) > 0).cast("int"))
-              .withColumn("known_item", (F.sum("w").over(by_item.rangeBetween(Window.unboundedPreceding, -1)) > 0)
-                          .cast("int"))
-              .where(F.col("w") == 0).fillna(0, ["prior_clicks", "recent_click", "known_item"]))
+    labelled = requests.where(F.col("label").isNotNull())
+    both = (clicks.select("item_id", F.unix_micros("ts").alias("us"), F.lit(CLICK).alias("label"))
+            .unionByName(labelled.select("item_id", F.unix_micros("ts").alias("us"), F.col("label").cast("int"))))
+    hist = (both.repartition("item_id").mapInPandas(_window_histograms, "stat string, value long, pos long, neg long")
+            .groupBy("stat", "value").agg(F.sum("pos").alias("pos"), F.sum("neg").alias("neg")).collect())
+    positions = labelled.groupBy(F.col("position").cast("long").alias("value")).agg(
+        F.sum("label").alias("pos"), F.sum(1 - F.col("label")).alias("neg")).collect()
     out = {}
-    for name, column in (("popularity_auc", "prior_clicks"), ("recent_click_auc", "recent_click"),
-                         ("known_item_auc", "known_item"), ("position_auc", "position")):
-        hist = scored.groupBy(column).agg(F.sum("label").alias("pos"), F.sum(1 - F.col("label")).alias("neg")).collect()
-        out[name] = auc_from_histogram([r[column] for r in hist], [r.pos for r in hist], [r.neg for r in hist])
+    for name, stat in (("popularity_auc", "prior_clicks"), ("recent_click_auc", "recent_click"),
+                       ("known_item_auc", "known_item"), ("position_auc", None)):
+        rows = positions if stat is None else [r for r in hist if r.stat == stat]
+        out[name] = auc_from_histogram([r.value for r in rows], [r.pos for r in rows], [r.neg for r in rows])
     return out
+
+
+CLICK = -1  # the label of a click row among the candidate rows in ``_window_histograms``
+
+
+def _window_histograms(batches):
+    """Per partition (all rows of its items): for every candidate row (label 0 or 1), the item's
+    clicks (label ``CLICK``) strictly before it in the hour before, in the 24 hours before and ever, as
+    (stat, value, pos, neg) histograms."""
+    import numpy as np
+    import pandas as pd
+
+    hour_us = 3600 * 10**6
+    df = pd.concat(list(batches), ignore_index=True)
+    if df.empty:
+        return
+    item = pd.factorize(df["item_id"])[0].astype(np.int64)
+    # One sorted key per click: (item, time); an item's window is a range of keys.
+    span = int(df["us"].max() - df["us"].min()) + 24 * hour_us + 1
+    key = item * span + (df["us"].to_numpy(np.int64) - int(df["us"].min()) + 24 * hour_us)
+    is_click = (df["label"] == CLICK).to_numpy()
+    clicks = np.sort(key[is_click])
+    rows, label = key[~is_click], df["label"][~is_click].to_numpy(np.int64)
+    before = np.searchsorted(clicks, rows, side="left")  # clicks at keys < the row's
+    start_of_item = np.searchsorted(clicks, rows - (rows % span), side="left")
+    counts = {"prior_clicks": before - np.searchsorted(clicks, rows - hour_us, side="left"),
+              "recent_click": (before - np.searchsorted(clicks, rows - 24 * hour_us, side="left") > 0).astype(np.int64),
+              "known_item": (before - start_of_item > 0).astype(np.int64)}
+    for stat, value in counts.items():
+        h = pd.DataFrame({"value": value, "pos": label, "neg": 1 - label}).groupby("value", as_index=False).sum()
+        yield h.assign(stat=stat)[["stat", "value", "pos", "neg"]]
 
 
 def clicks_to_requests(clicks: DataFrame, params: ClickLogConfig, source: str,

@@ -217,3 +217,40 @@ def test_no_shuffle_carries_an_hours_pool(spark, log):
     assert exchanges  # the check reads the plan's shuffles (the user's own clicks are joined through one)
     carrying = [b.splitlines()[0] for b in exchanges if re.search(r"Input \[\d+\]: \[[^\]]*\bpool\b", b)]
     assert carrying == []
+
+
+def test_leak_statistics_count_each_window_as_a_range_over_the_items_clicks(spark):
+    """The statistics by binary search per partition equal a direct count over every row's window
+    (clicks of the item strictly before the row: in the hour, in the 24 hours, ever)."""
+    import numpy as np
+
+    from model.metrics import auc_from_histogram
+
+    rng = np.random.default_rng(3)
+    minute = 60 * 10**6
+    click_us = rng.integers(0, 48 * 60, 400) * minute
+    click_items = rng.choice(["a", "b", "c", "d"], 400)
+    req_us = rng.integers(0, 48 * 60, 600) * minute + rng.choice([0, 1], 600)  # some on a click's microsecond
+    req_items = rng.choice(["a", "b", "c", "d", "e"], 600)
+    labels = rng.integers(0, 2, 600)
+    t0 = datetime(2026, 1, 5)
+    as_ts = lambda us: [t0 + timedelta(microseconds=int(u)) for u in us]  # noqa: E731
+    clicks = spark.createDataFrame(list(zip(click_items.tolist(), as_ts(click_us))), "item_id string, ts timestamp")
+    requests = spark.createDataFrame([(i, t, int(lab), int(p)) for i, t, lab, p in
+                                      zip(req_items.tolist(), as_ts(req_us), labels, rng.integers(0, 10, 600))] +
+                                     [("a", t0, None, 0)],  # an unlabelled row counts in no histogram
+                                     "item_id string, ts timestamp, label int, position int")
+    got = leak_statistics(requests, clicks)
+
+    def direct(lo):
+        same = req_items[:, None] == click_items[None, :]
+        inside = (click_us[None, :] < req_us[:, None]) & (click_us[None, :] >= req_us[:, None] - lo)
+        return (same & inside).sum(axis=1)
+
+    hour = 60 * minute
+    for name, value in (("popularity_auc", direct(hour)), ("recent_click_auc", direct(24 * hour) > 0),
+                        ("known_item_auc", direct(10**15) > 0)):
+        v = np.asarray(value, np.int64)
+        keys = np.unique(v)
+        want = auc_from_histogram(keys, [labels[v == k].sum() for k in keys], [(1 - labels[v == k]).sum() for k in keys])
+        assert got[name] == pytest.approx(want), name
