@@ -46,15 +46,18 @@ def ingest(lake: Path, input_glob: str) -> float:
 
 def table(cycles: list[dict], stages: tuple[str, ...]) -> str:
     head = ["cycle t", "rows resolved", "pairs scored", "pairs embedded", "users with neighbors",
+            "neighbor FM passes", "whole-index searches",
             *[f"{s} s" for s in stages], "cycle s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in cycles:
         w = c["work"]
         lines.append("| " + " | ".join([c["t"][5:16], f"{w['resolved']:,}", f"{w['scored']:,}", f"{w['embedded']:,}",
-                                         f"{w['neighbors']:,}", *[f"{c['seconds'][s]:.1f}" for s in stages],
+                                         f"{w['neighbors']:,}", f"{w.get('fm_passes', w['neighbors']):,}",
+                                         f"{w.get('whole_index', w['neighbors']):,}",
+                                         *[f"{c['seconds'][s]:.1f}" for s in stages],
                                          f"{c['cycle_s']:.1f}"]) + " |")
     for name, f in (("median", statistics.median), ("max", max)):
-        lines.append("| " + " | ".join([f"**{name}**", "", "", "", "",
+        lines.append("| " + " | ".join([f"**{name}**", "", "", "", "", "", "",
                                          *[f"**{f([c['seconds'][s] for c in cycles]):.1f}**" for s in stages],
                                          f"**{f([c['cycle_s'] for c in cycles]):.1f}**"]) + " |")
     return "\n".join(lines)
@@ -109,7 +112,10 @@ def main(argv=None) -> int:
         result["cycles"].append({
             "t": t.isoformat(), "seconds": out["seconds"], "cycle_s": round(sum(out["seconds"].values()), 2),
             "work": {"resolved": int(res["candidates"]), "scored": int(pre["pairs_scored"]),
-                     "embedded": int(pre["pairs_embedded"]), "neighbors": int(nb["users_with_neighbors"])},
+                     "embedded": int(pre["pairs_embedded"]), "neighbors": int(nb["users_with_neighbors"]),
+                     # the FM user passes and whole-index searches of an incremental build (all users before it)
+                     "fm_passes": int(nb.get("vectors_computed", nb["users_represented"])),
+                     "whole_index": int(nb.get("searched_whole_index", nb["users_represented"]))},
             "counters": {k: v for k, v in out.items() if k != "seconds"}})
         out_file.write_text(json.dumps(result, indent=1, default=str))
     print(table(result["cycles"], cycle.STAGES))

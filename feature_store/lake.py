@@ -62,6 +62,19 @@ def upsert(spark, cfg, spec: TableSpec, df, update: bool = True) -> None:
     merge.whenNotMatchedInsertAll().execute()
 
 
+def merge_changes(spark, cfg, spec: TableSpec, changes) -> None:
+    """Apply ``changes`` (rows of ``spec`` plus a boolean ``_delete``) on the declared primary key,
+    in one transaction: a ``_delete`` row removes the table's row of its key, any other row
+    replaces or inserts its key's row. Rows of keys not in ``changes`` are not touched."""
+    from delta.tables import DeltaTable
+
+    cond = " AND ".join(f"t.{k} <=> s.{k}" for k in spec.primary_key)
+    values = {c: f"s.{c}" for c in spec.column_names}
+    (DeltaTable.forName(spark, qualified_name(spec, cfg.lake.database)).alias("t").merge(changes.alias("s"), cond)
+     .whenMatchedDelete("s._delete").whenMatchedUpdate("NOT s._delete", values)
+     .whenNotMatchedInsert("NOT s._delete", values).execute())
+
+
 def replace(cfg, spec: TableSpec, df, where: str, repartition: bool = False) -> None:
     """Replace the rows matching the SQL predicate ``where`` (a run's partition, a source's time range)
     with ``df``, in one transaction. ``repartition``: one file per table partition."""

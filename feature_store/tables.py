@@ -310,7 +310,31 @@ USER_NEIGHBORS = TableSpec(
         ("run_id", "STRING", "build that wrote it"),
     ),
     primary_key=("user_id", "rank"),
-    expiry="a row is valid for t in [computed_at, expires_at); each build replaces the whole table",
+    expiry="a row is valid for t in [computed_at, expires_at); a build MERGEs the users whose list changed "
+           "(and renews rows past half their TTL), deletes the users no longer represented",
+)
+
+USER_VECTORS = TableSpec(
+    name="user_vectors",
+    description="The neighbor build's state: per represented user, the FM user vector of the last build, a key of "
+                "its inputs, and its exact top lenders to some depth, so that the next build searches only what changed.",
+    columns=(
+        ("user_id", "STRING", "a user represented at the build"),
+        ("inputs_key", "BIGINT", "52-bit digest of what the FM's user pass read (user, history items, categories, recency codes)"),
+        ("vector", "ARRAY<FLOAT>", "the FM user vector (not normalised)"),
+        ("lender", "BOOLEAN", "the user had a user mean at the build: indexed, may lend"),
+        ("candidates", "ARRAY<STRING>", "the user's top lenders, most similar first (exact up to the depth)"),
+        ("candidate_similarity", "ARRAY<FLOAT>", "their cosine similarities"),
+        ("candidates_complete", "BOOLEAN", "candidates hold every lender but the user"),
+        ("listed_at", "TIMESTAMP", "computed_at of the user's rows in user_neighbors"),
+        ("model_version", "STRING", "FM version folder and weights digest the vector came from"),
+        ("k", "INT", "neighbors_k of the build: user_neighbors holds each list's first k"),
+        ("neighbors_version", "BIGINT", "Delta version of user_neighbors these lists describe; another one: rebuild all"),
+        ("computed_at", "TIMESTAMP", "the build's time t"),
+        ("run_id", "STRING", "build that wrote it"),
+    ),
+    primary_key=("user_id",),
+    expiry="replaced by every build (a cache of it; never served)",
 )
 
 FEATURE_VERSIONS = TableSpec(
@@ -385,7 +409,7 @@ COVERAGE_SWEEP = TableSpec(
 ALL_TABLES: tuple[TableSpec, ...] = (REQUEST_LOG, USER_EVENTS, ITEMS, TRUTH, REQUEST_LOG_QUARANTINE, INGEST_RUNS,
                                      PAIR_EMBEDDINGS, VERIFIER_SCORES, MISS_QUEUE, MISS_CONSUMPTION, PRECOMPUTE_RUNS,
                                      USER_EMBEDDING_SUMS, USER_MEAN_EMBEDDINGS, ITEM_EMBEDDING_SUMS, ITEM_MEAN_EMBEDDINGS,
-                                     USER_NEIGHBORS, FEATURE_VERSIONS,
+                                     USER_NEIGHBORS, USER_VECTORS, FEATURE_VERSIONS,
                                      REQUEST_FEATURES, COVERAGE_REPORT, COVERAGE_SWEEP)
 BY_NAME = {t.name: t for t in ALL_TABLES}
 

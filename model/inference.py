@@ -123,11 +123,41 @@ def fm_codes(pdf: pd.DataFrame, fm_path: str, ae_path: str, batch_size: int = 20
 
 
 def fm_user_vectors(pdf: pd.DataFrame, fm_path: str, ae_path: str, batch_size: int = 4096,
-                    device: str = "cpu", allowed: frozenset[str] = frozenset({BUILTIN_FM})) -> np.ndarray:
-    """(N, U) float32 FM user-only vectors of rows with user_id, ts and, for an FM that reads
-    history, the history columns (the FM's ``user_vector``)."""
+                    device: str = "cpu", allowed: frozenset[str] = frozenset({BUILTIN_FM}),
+                    known_keys: np.ndarray | None = None, known_vectors=None
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(vectors (N, U) float32, input keys (N,) int64, fresh (N,) bool): the FM user-only vectors
+    (the FM's ``user_vector``) of rows with user_id, ts and, for an FM that reads history, the
+    history columns.
+
+    A row's input key is a digest of exactly what the pass reads: the user's code and, per
+    history slot, the item, category and recency codes. Where ``known_keys`` (a key per row from an
+    earlier pass of this model, -1 or NaN for none) equals it, the row's ``known_vectors`` entry is
+    returned as it is and the FM does not run on it (``fresh`` False): equal inputs, equal vector."""
     fm, _, vocab = load_fm_encoder(fm_path, ae_path, allowed)
     x = {"user": vocab.encode("user", pdf["user_id"]), "label": np.zeros(len(pdf), np.float32)}
     if "history" in fm.inputs:
         x.update(history_inputs(pdf, vocab, fm.cfg.history_len))
-    return infer(fm.user_vector, fm, x, batch_size, device).astype(np.float32)
+    keys = input_keys(np.column_stack([x[c] for c in ("user", "hist", "hist_cat", "hist_age") if c in x]))
+    fresh = np.ones(len(pdf), bool)
+    if known_keys is not None:
+        fresh = pd.to_numeric(pd.Series(known_keys), errors="coerce").to_numpy() != keys
+    parts = []
+    if fresh.any():
+        parts.append((fresh, infer(fm.user_vector, fm, {c: v[fresh] for c, v in x.items()}, batch_size, device)))
+    if (~fresh).any():
+        parts.append((~fresh, np.stack([np.asarray(v, np.float32) for v in np.asarray(known_vectors, dtype=object)[~fresh]])))
+    out = np.zeros((len(pdf), parts[0][1].shape[1] if parts else 0), np.float32)
+    for rows, v in parts:
+        out[rows] = v
+    return out, keys, fresh
+
+
+def input_keys(codes: np.ndarray) -> np.ndarray:
+    """(N,) int64: a 52-bit BLAKE2b digest of each row of an int64 code matrix. 52 bits, so that a
+    key survives a trip through float64 (a nullable integer column read by pandas)."""
+    import hashlib
+
+    rows = np.ascontiguousarray(codes, dtype=np.int64)
+    return np.fromiter((int.from_bytes(hashlib.blake2b(r.tobytes(), digest_size=7).digest(), "little") >> 4
+                        for r in rows), np.int64, len(rows))

@@ -198,6 +198,18 @@ def consumer_name(consumer: str, variant: str = "") -> str:
     return f"vm_{consumer}" + (f"_{variant}" if variant else "")
 
 
+def weights_digest(version_folder: str | Path) -> str:
+    """The SHA-256 of a version's weights: what identifies the model behind a derived result, even
+    where a folder was reused for another training run."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(Path(version_folder) / "weights.pt", "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def resolve_models(cfg) -> dict[str, str]:
     """The model set a job runs, from the config's ``[models]`` section: {"vm" (the verifier: the
     plain VM of the consumer ``[models] verifier`` names), "fm", "autoencoder"} -> version folder.

@@ -133,6 +133,44 @@ def test_rerunning_the_fallback_stages_leaves_the_same_tables(spark, lake):
     assert {n: rows(spark, cfg, n) for n in names} == before
 
 
+def neighbor_lists(spark, cfg):
+    nb = tbl(spark, cfg, "user_neighbors").toPandas().sort_values(["user_id", "rank"])
+    return list(zip(nb["user_id"], nb["rank"], nb["neighbor_id"])), nb["similarity"].to_numpy()
+
+
+def test_an_incremental_neighbor_build_equals_a_rebuild_and_searches_less(spark, lake, make_cfg):
+    base, _ = lake
+    cfg = copy_lake(spark, base, make_cfg("incremental_neighbors", models={"root": str(base.models_root), "device": "cpu"},
+                                           fallback={"neighbors_k": 3, "recall_sample": 50}), models=False)
+    t2 = T + timedelta(hours=2)
+    inc = user_neighbors.run(spark, cfg, t2)  # from the state the fixture's build at T+1h left
+    assert not inc["rebuilt"] and inc["recall_at_k"] == 1.0
+    assert inc["vectors_computed"] < inc["users_represented"]  # an hour later most histories read the same
+    assert inc["searched_whole_index"] < inc["users_represented"]
+    got, got_sims = neighbor_lists(spark, cfg)
+
+    spark.sql(f"DELETE FROM {cfg.lake.database}.user_vectors")  # no state: everything from scratch
+    full = user_neighbors.run(spark, cfg, t2)
+    assert full["rebuilt"] and full["vectors_computed"] == full["users_represented"]
+    want, want_sims = neighbor_lists(spark, cfg)
+    assert got == want
+    np.testing.assert_allclose(got_sims, want_sims, atol=1e-5)
+    assert (inc["neighbor_rows"], inc["users_with_neighbors"]) == (full["neighbor_rows"], full["users_with_neighbors"])
+
+
+def test_a_neighbor_table_changed_behind_the_build_is_rebuilt_whole(spark, lake, make_cfg):
+    base, _ = lake
+    cfg = copy_lake(spark, base, make_cfg("neighbors_behind", models={"root": str(base.models_root), "device": "cpu"},
+                                           fallback={"neighbors_k": 3, "recall_sample": 50}), models=False)
+    t1 = T + timedelta(hours=1)
+    stamps = ("computed_at", "expires_at", "run_id")  # a rebuild stamps every row with its own run
+    before = rows(spark, cfg, "user_neighbors", drop=stamps)
+    spark.sql(f"DELETE FROM {cfg.lake.database}.user_neighbors WHERE rank = 1")  # the state no longer describes it
+    c = user_neighbors.run(spark, cfg, t1)
+    assert c["rebuilt"] and c["neighbor_rows"] == len(before) and c["users_rewritten"] == c["users_with_neighbors"]
+    assert rows(spark, cfg, "user_neighbors", drop=stamps) == before
+
+
 def test_user_means_exclude_and_count_bad_embeddings(spark, make_cfg):
     cfg = make_cfg("bad_means")
     from feature_store.tables import PAIR_EMBEDDINGS, ensure_tables
