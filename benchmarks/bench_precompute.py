@@ -1,8 +1,12 @@
-"""Precompute runs in Spark against the same model work in one plain Python process, at 10^4, 10^5
-and 10^6 scored pairs.
+"""Precompute runs in Spark against the same model work in one plain Python process, from 10^4 to
+10^7 scored pairs.
 
     python benchmarks/bench_precompute.py [--lake benchmarks/out/precompute_lake] [--users 30000] [--hours 8]
-        [--visits-per-hour 6000] [--reuse]
+        [--visits-per-hour 6000] [--reuse] [--at T] [--settings 'L,R,T;...']
+
+    # 10^6 to 10^7 scored pairs: the whole Globo log's lake that bench_hourly_cycles.py built
+    python benchmarks/bench_precompute.py --reuse --lake benchmarks/out/hourly_lake --at 2017-10-10T16:00 \
+        --settings '6,25,25;24,25,25;24,50,50'
 
 Builds a lake with the main job (`spark_jobs.pipeline` on the synthetic impression world of
 ``--users`` users over ``--hours`` hours at ``--visits-per-hour``, quick models, no hourly cycles), then for each setting of
@@ -25,6 +29,7 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,8 +53,17 @@ def main(argv=None) -> int:
     p.add_argument("--users", type=int, default=30000)
     p.add_argument("--hours", type=int, default=8)
     p.add_argument("--visits-per-hour", type=float, default=6000)
-    p.add_argument("--reuse", action="store_true", help="keep a lake built by an earlier run")
+    p.add_argument("--reuse", action="store_true", help="keep a lake built by an earlier run (any lake with models)")
+    p.add_argument("--at", help="the runs' time t (default: the log's last whole hour)")
+    p.add_argument("--settings", help="semicolon list of 'look-back hours,recent items per user,trending items' "
+                                      f"(default: {';'.join(','.join(map(str, s)) for s in SETTINGS)})")
     a = p.parse_args(argv)
+    try:
+        settings = [tuple(int(x) for x in s.split(",")) for s in a.settings.split(";")] if a.settings else SETTINGS
+        if any(len(s) != 3 or min(s) < 1 for s in settings):
+            raise ValueError
+    except ValueError:
+        p.error(f"--settings must be 'L,R,T;...' of positive integers, got {a.settings!r}")
     lake = Path(a.lake).resolve()
     if not (a.reuse and (lake / "models").exists()):
         build_lake(lake, a.users, a.hours, a.visits_per_hour)
@@ -67,13 +81,17 @@ def main(argv=None) -> int:
     spark = get_spark(cfg)
     models = registry.resolve_models(cfg)
     fm_cfg = registry.read_json(models["fm"], "config.json")["config"]
-    end = spark.table("solaris.request_log").agg(F.max("ts")).first()[0]
-    t = end.replace(minute=0, second=0, microsecond=0)  # the log's last whole hour ends here
-    print(f"run at {t}; world of {a.users} users, {a.hours} h, {a.visits_per_hour:g} visits/h", flush=True)
+    if a.at:
+        t = datetime.fromisoformat(a.at)
+        print(f"run at {t}; lake {lake}", flush=True)
+    else:
+        end = spark.table("solaris.request_log").agg(F.max("ts")).first()[0]
+        t = end.replace(minute=0, second=0, microsecond=0)  # the log's last whole hour ends here
+        print(f"run at {t}; world of {a.users} users, {a.hours} h, {a.visits_per_hour:g} visits/h", flush=True)
 
     precompute.run(spark, cfg, t)  # warm-up, not timed: the JVM's first jobs compile and load classes
     rows = []
-    for lookback, recent, trending in SETTINGS:
+    for lookback, recent, trending in settings:
         c = replace(cfg, precompute=replace(cfg.precompute, lookback_hours=lookback, recent_items_per_user=recent,
                                             trending_items=trending))
         spark.sql("DELETE FROM solaris.pair_embeddings")  # every setting starts from an empty store
