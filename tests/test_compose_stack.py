@@ -27,6 +27,7 @@ import pytest
 
 from include.compose_secrets import generate
 from tests.conftest import ROOT, api, free_port, wait_for
+from tests.test_gpu_dispatch import DRIVER as GPU_DRIVER
 
 pytestmark = [pytest.mark.slow, pytest.mark.compose_stack]
 if not os.environ.get("SOLARIS_TEST_COMPOSE_STACK"):
@@ -219,6 +220,16 @@ def test_compose_up_runs_the_stack_and_an_hourly_dag_run_writes_serves_and_publi
                                              "now": HOUR_END.replace("00:00", "30:00")})
     assert answer["snapshot"] == pub["run_id"] and answer["tiers"] == ["exact"]
     assert answer["embeddings"][0] == pytest.approx(pair["embedding"], rel=1e-6)
+    # GPU dispatch on the cluster: each worker offers one (fake) GPU; a task of a stage that asks for
+    # one gets the address Spark assigned it and, torch seeing no GPU, runs on the CPU; a stage that
+    # asks for none holds none (the driver of tests/test_gpu_dispatch.py, in a job container).
+    assert all(w["resources"].get("gpu", {}).get("addresses") == ["0"] for w in master["workers"]), master["workers"]
+    conf = {"spark.executor.resource.gpu.amount": "1", "spark.executor.resource.gpu.discoveryScript": "/etc/solaris/fake-gpu.sh"}
+    probe = timed("GPU probe job", lambda: sh([*compose, "run", "--rm", "solaris", "python", "-c", GPU_DRIVER, json.dumps(conf),
+                                               "spark://spark-master:7077", "1"], env, timeout=600))
+    result = json.loads(probe.stdout.split("RESULT ", 1)[1])
+    assert result == {"with": [["0", "cpu"]], "without": [["", "fallback"]]}
+
     # Every SOLARIS container runs as the unprivileged user the image makes.
     for service in ("lookup", "airflow-scheduler", "spark-worker-1"):
         assert sh([*compose, "exec", "-T", service, "id", "-un"], env).stdout.strip() == "solaris"
