@@ -154,8 +154,9 @@ def update_neighbors(unit: np.ndarray, is_lender: np.ndarray, fresh: np.ndarray,
     A user keeps its previous list, less the lenders that left or moved, merged with a search of the
     lenders that joined or moved. That is exact: every unchanged lender outside the previous list
     ranks below all of that list. Only a fresh user, or one left with fewer than k lenders that
-    surely rank above every lender outside its list, is searched against the whole index. What is not exact is the HNSW index itself above
-    ``exact_search_max`` lenders; ``recall_at_k`` measures the final lists against exact search.
+    surely rank above every lender outside its list, is searched against the whole index. What is
+    not exact is the HNSW index itself above ``exact_search_max`` lenders; ``recall_at_k``
+    measures the final lists against exact search.
     """
     n, k = len(unit), cfg.neighbors_k
     lender_rows = np.flatnonzero(is_lender)
@@ -198,7 +199,7 @@ def update_neighbors(unit: np.ndarray, is_lender: np.ndarray, fresh: np.ndarray,
 
     order = np.lexsort((order_key[r], -s, u))
     u, r, s = u[order], r[order], s[order]
-    rank = np.arange(len(u)) - np.searchsorted(u, u, side="left")
+    rank = ranks(u)
     cut = rank >= depth
     complete[np.unique(u[cut])] = False
     u, r, s = u[~cut], r[~cut], s[~cut]
@@ -222,10 +223,15 @@ def _flat(query_rows: np.ndarray, rows: np.ndarray, sims: np.ndarray):
     return query_rows[q], rows[q, c], sims[q, c]
 
 
+def ranks(user: np.ndarray) -> np.ndarray:
+    """0-based position of each entry within its user's run of a user-sorted flat list."""
+    return np.arange(len(user)) - np.searchsorted(user, user, side="left")
+
+
 def top_k(c: Candidates, n: int, k: int) -> np.ndarray:
     """(n, k) lender rows of each user's first k candidates, -1 padded."""
     out = np.full((n, k), -1, np.int64)
-    rank = np.arange(len(c.user)) - np.searchsorted(c.user, c.user, side="left")
+    rank = ranks(c.user)
     first = rank < k
     out[c.user[first], rank[first]] = c.lender[first]
     return out

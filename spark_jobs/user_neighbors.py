@@ -44,7 +44,7 @@ from feature_store.tables import (ITEMS, REQUEST_LOG, USER_EVENTS, USER_MEAN_EMB
 from feature_store import lake
 from include.cli import print_counters, run_at_time
 from model.interface import BUILTIN_FM
-from model.knn import Candidates
+from model.knn import Candidates, ranks
 from spark_jobs import embed_pairs
 from spark_jobs.embed_pairs import fm_device
 
@@ -197,7 +197,7 @@ def write_lists(spark, cfg, user_ids: np.ndarray, out: Candidates, old_lists: pd
     renewing rows past half their TTL. Returns (every list's rows now, the users whose rows were
     written, how many rows were deleted)."""
     k = cfg.fallback.neighbors_k
-    rank = np.arange(len(out.user)) - np.searchsorted(out.user, out.user, side="left")
+    rank = ranks(out.user)
     first = rank < k
     top = pd.DataFrame({"user_id": user_ids[out.user[first]], "rank": rank[first] + 1,
                         "neighbor_id": user_ids[out.lender[first]], "similarity": out.similarity[first]})
