@@ -7,6 +7,10 @@
     # 10^6 to 10^7 scored pairs: the whole Globo log's lake that bench_hourly_cycles.py built
     python benchmarks/bench_precompute.py --reuse --lake benchmarks/out/hourly_lake --at 2017-10-10T16:00 \
         --settings '6,25,25;24,25,25;24,50,50'
+    # 10^7: 48 h look-back, 100 items each; the driver collects the baseline's inputs
+    SOLARIS_CONFIG=big_driver.toml python benchmarks/bench_precompute.py --reuse --lake benchmarks/out/hourly_lake \
+        --at 2017-10-10T16:00 --settings '48,100,100'
+    # big_driver.toml: [spark] driver_memory = "10g", extra = { "spark.driver.maxResultSize" = "6g" }
 
 Builds a lake with the main job (`spark_jobs.pipeline` on the synthetic impression world of
 ``--users`` users over ``--hours`` hours at ``--visits-per-hour``, quick models, no hourly cycles), then for each setting of
@@ -71,13 +75,14 @@ def main(argv=None) -> int:
     import pandas as pd
     from pyspark.sql import functions as F
 
-    from include.config import SolarisConfig
+    from include.config import load_config
     from include.spark import get_spark
     from model import registry
     from model.inference import fm_codes, vm_scores
     from spark_jobs import embed_pairs, precompute
 
-    cfg = SolarisConfig().with_overrides(lake={"root": str(lake)}, spark={"master": "local[2]"}, models={"device": "cpu"})
+    # SOLARIS_CONFIG's settings under the benchmark's (e.g. [spark] driver_memory for 10^7 pairs)
+    cfg = load_config().with_overrides(lake={"root": str(lake)}, spark={"master": "local[2]"}, models={"device": "cpu"})
     spark = get_spark(cfg)
     models = registry.resolve_models(cfg)
     fm_cfg = registry.read_json(models["fm"], "config.json")["config"]

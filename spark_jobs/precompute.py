@@ -113,10 +113,11 @@ def run(spark, cfg, t: datetime) -> RunCounters:
     try:
         embed_pairs.check_embeddings(rows, ae.cfg.code_dim)
         n_embedded = rows.count()
+        lap("embed")  # the FM inputs built, the FM and autoencoder run: the rows are cached here
         lake.upsert(spark, cfg, PAIR_EMBEDDINGS, rows)
     finally:
         rows.unpersist()
-    lap("embed+merge")
+    lap("merge")
 
     miss_queue.consume(spark, cfg, queue, audit.where(F.col("origin") == "miss_queue"), run_id)
     pruned = miss_queue.prune(cfg, t - timedelta(hours=pc.queue_retention_hours))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from model.interface import BUILTIN_VM
@@ -91,6 +91,27 @@ def budget_threshold(speculated: DataFrame, budget: float) -> float | None:
     return speculated.agg(F.percentile_approx("score", 1.0 - budget, QUANTILE_ACCURACY)).first()[0]
 
 
+def tie_order() -> Column:
+    """A pair's place in [0, 1) among pairs of equal score: a hash of the pair, so the same pairs
+    win a tie on every rerun and in any partitioning."""
+    return F.pmod(F.xxhash64("user_id", "item_id"), F.lit(1 << 53)).cast("double") / float(1 << 53)
+
+
+def within_budget(speculated: DataFrame, budget: float) -> Column:
+    """Whether a speculated pair is in the top ``budget`` share by score. Pairs tied at the
+    threshold share what room the budget leaves above it, by ``tie_order``: a verifier that gives
+    many pairs one score (every pair of unknown ids, on a sparse log: 45% of the Globo pairs of one
+    run) must not pull all of them in, which would select half the pairs at a 20% budget."""
+    threshold = budget_threshold(speculated, budget)
+    if threshold is None:
+        return F.lit(False)
+    n = speculated.agg(F.count(F.lit(1)).alias("all"), F.sum((F.col("score") > threshold).cast("long")).alias("above"),
+                       F.sum((F.col("score") == threshold).cast("long")).alias("tied")).first()
+    room = budget * n["all"] - (n["above"] or 0)
+    share = min(max(room / n["tied"], 0.0), 1.0) if n["tied"] else 0.0
+    return (F.col("score") > F.lit(threshold)) | ((F.col("score") == F.lit(threshold)) & (tie_order() < F.lit(share)))
+
+
 def select(scored: DataFrame, fresh: DataFrame, p, t: datetime) -> DataFrame:
     """Mark the precompute set of the run at ``t``; pure given the scores. ``fresh``: (user_id, item_id,
     expires_at) stored now; ``p``: the ``[precompute]`` config section (budget, selection, margin)."""
@@ -104,8 +125,7 @@ def select(scored: DataFrame, fresh: DataFrame, p, t: datetime) -> DataFrame:
     if p.selection == "per_user":
         top = F.col("score_rank") <= F.ceil(F.col("_n_user") * F.lit(p.budget))
     else:
-        threshold = budget_threshold(scored.where(F.col("origin") == "speculated"), p.budget)
-        top = F.col("score") >= F.lit(threshold if threshold is not None else float("inf"))
+        top = within_budget(scored.where(F.col("origin") == "speculated"), p.budget)
     fresh_until = fresh.select("user_id", "item_id", F.col("expires_at").alias("fresh_until"))
     margin = F.lit(t + timedelta(minutes=p.fresh_margin_minutes))
     return (ranked.join(fresh_until, ["user_id", "item_id"], "left")

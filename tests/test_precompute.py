@@ -190,6 +190,26 @@ def test_selection_per_user_and_bad_parameters(spark):
             replace(p, **bad)
 
 
+def test_a_global_budget_holds_when_many_pairs_tie_at_the_threshold(spark):
+    """A verifier that gives most pairs one score (unknown ids on a sparse log) must not pull the
+    whole tie into the budget: the tie shares the room left above it, the same pairs on every run."""
+    p = PrecomputeConfig(lookback_hours=3, recent_items_per_user=5, trending_items=5, budget=0.2,
+                         selection="global", fresh_margin_minutes=60)
+    rows = [(f"u{k % 97}", f"i{k}", "speculated", None, None, 0.5) for k in range(2000)]  # one tie of 2,000
+    rows += [(f"u{k}", f"top{k}", "speculated", None, None, 0.9 + k / 1e4) for k in range(100)]
+    rows += [(f"u{k}", f"low{k}", "speculated", None, None, 0.1) for k in range(400)]
+    scored = spark.createDataFrame(rows, "user_id string, item_id string, origin string, device string, "
+                                         "surface string, score double").repartition(3)
+    fresh = spark.createDataFrame([], "user_id string, item_id string, expires_at timestamp")
+    picked = {(r.item_id, r.score) for r in speculate.select(scored, fresh, p, T).where("selected").collect()}
+    # 20% of 2,500 pairs: the 100 above the tie, and 400 of the tie (sampled by a hash of the pair)
+    assert {i for i, s in picked if s > 0.5} == {f"top{k}" for k in range(100)}
+    assert not any(s < 0.5 for _, s in picked)
+    assert 0.2 * 2500 * 0.9 <= len(picked) <= 0.2 * 2500 * 1.1, len(picked)
+    again = {(r.item_id, r.score) for r in speculate.select(scored.repartition(7), fresh, p, T).where("selected").collect()}
+    assert again == picked
+
+
 def test_candidates_are_users_by_recent_and_trending_items(spark):
     p = PrecomputeConfig(lookback_hours=3, recent_items_per_user=1, trending_items=1, budget=0.2,
                          selection="global", fresh_margin_minutes=60)
