@@ -4,7 +4,10 @@
 Retrains the FM, the autoencoder and every consumer's VM variants (`[[models.consumers]]` in the
 config: a click VM by default; conversion and per-surface VMs as declared, each `vm_<name>`) on what
 the lake holds (`model.training.train_all`: time-ordered 70/15/15 split, on the GPU when there is
-one), writes the evaluation report beside the lake, then **gates** each new version (`model/promotion.py`): it is
+one), writes the evaluation report beside the lake, then trains each consumer's VM + SOLARIS
+(`vm_<name>_solaris`) on the features the lookup **served** in the last `[models]
+served_window_hours` (`request_features`; `model/served_training.py`), or logs that its plain VM
+keeps serving it while fewer than `served_min_rows` were served, then **gates** each new version (`model/promotion.py`): it is
 promoted only if it is not worse than the promoted version on its held-out split (lower NE; lower
 reconstruction MSE for the autoencoder; `tolerance` param, default 0). Every decision is logged
 with both numbers. Precompute runs promoted models when its config says `"promoted"`. A lake whose
@@ -41,6 +44,19 @@ def train(sizes: str) -> dict:
 
 
 @task
+def train_served(saved: dict, sizes: str) -> dict:
+    """Every consumer's VM + SOLARIS on the features the lookup served (model/served_training.py),
+    after the day's FM, autoencoder and plain VMs: ``saved`` with the served VMs added."""
+    from include.config import load_config
+    from model import served_training, training
+
+    result = served_training.train_consumers(load_config(), training.model_set(sizes))
+    for d in result["decisions"]:
+        print(f"{d['model']}: {'trained' if d['trained'] else 'not trained'} - {d['reason']}")
+    return saved | result["models"]
+
+
+@task
 def promote(saved: dict, tolerance: float) -> list[dict]:
     from include.config import load_config
     from model.promotion import gate
@@ -65,7 +81,8 @@ def promote(saved: dict, tolerance: float) -> list[dict]:
             "tolerance": Param(0.0, type="number", description="promote if at most this much worse")},
 )
 def solaris_train():
-    promote(train("{{ params.sizes }}"), "{{ params.tolerance }}")
+    sizes = "{{ params.sizes }}"
+    promote(train_served(train(sizes), sizes), "{{ params.tolerance }}")
 
 
 solaris_train()

@@ -30,12 +30,13 @@ import pandas as pd
 import torch
 
 from model import data as mdata
-from model import metrics
+from model import metrics, served_training
+from model.served_training import masked, served_inputs
 from model.features import Vocab, build_examples, model_inputs, row_inputs, subset
 from model.train import TrainConfig, batches, bce_loss, fit, infer, kd_loss, n_params, pick_device, sigmoid
 from model.training import vm_ids, vm_sizes
 from model.tiers import ORDER
-from model.vm import TIER_NONE, TIERS, TRAINED, VerticalModel, VMConfig
+from model.vm import TIERS, TRAINED, VerticalModel, VMConfig
 
 VARIANTS = ("VM", "VM + KD (soft labels)", "VM + SOLARIS (served)", "VM + SOLARIS (served, tier-gated)",
             "VM + SOLARIS (exact only)", "VM + FM embedding (oracle)", "FM")
@@ -53,26 +54,19 @@ class ReplayEvalConfig:
 
 
 def served_rows(cfg, tables_root, start, end, source: str | None = None) -> pd.DataFrame:
-    """Labelled candidates of [start, end) with the tier and embedding served (``request_features``
-    of the lake whose tables are at ``tables_root``), and their context."""
-    from feature_store.lake import read_arrow
-    from feature_store.tables import REQUEST_FEATURES
-
+    """``model.data.served_rows`` of a replay point's lake: a lake with no served rows is a replay not run."""
     try:
-        served = read_arrow(tables_root, REQUEST_FEATURES,
-                            columns=["request_id", "item_id", "user_id", "ts", "label", "tier", "embedding"]).to_pandas()
+        return mdata.served_rows(cfg, start, end, source, tables_root)
     except FileNotFoundError as e:
         raise FileNotFoundError(f"{e}: replay the hours first") from e
-    served["ts"] = mdata.utc_naive(served["ts"])
-    served = served[(served["ts"] >= pd.Timestamp(start)) & (served["ts"] < pd.Timestamp(end))
-                    & served["label"].notna()]
-    context = mdata.read_table(cfg, "request_log", ["request_id", "item_id", "position", "device", "surface"], source)
-    rows = served.merge(context, on=["request_id", "item_id"], how="left", validate="one_to_one")
-    unknown = rows["device"].isna() & rows["surface"].isna()
-    if unknown.any():
-        raise ValueError(f"{int(unknown.sum())} served candidates have no request_log row: "
-                         f"the features and the log are from different lakes")
-    return rows.sort_values(["ts", "request_id", "item_id"], kind="stable").reset_index(drop=True)
+
+
+def consumer_rows(cfg, rows: pd.DataFrame, consumer, source: str | None = None) -> pd.DataFrame:
+    """``model.served_training.consumer_rows``: a consumer with no served rows in the replay is an error."""
+    rows = served_training.consumer_rows(cfg, rows, consumer, source)
+    if rows.empty:
+        raise ValueError(f"consumer {consumer.name!r}: no served rows with its surface and label in the replay")
+    return rows
 
 
 def split(rows: pd.DataFrame, test_from, val_share: float) -> dict[str, pd.DataFrame]:
@@ -87,42 +81,6 @@ def split(rows: pd.DataFrame, test_from, val_share: float) -> dict[str, pd.DataF
             raise ValueError(f"the replay's {name} split is empty: test_from {test_from} leaves no "
                              f"{'hours before it' if name != 'test' else 'hours from it'} with labelled requests")
     return {k: v.reset_index(drop=True) for k, v in out.items()}
-
-
-def served_inputs(df: pd.DataFrame, dim: int, exact_only: bool = False) -> dict[str, np.ndarray]:
-    """The VM's FM input as served: the embedding and tier code (exact_only: other tiers as none)."""
-    tier = df["tier"].map({t: i for i, t in enumerate(TIERS)}).to_numpy()
-    if np.isnan(tier.astype(float)).any():
-        raise ValueError(f"unknown tiers in request_features: {sorted(set(df['tier']) - set(TIERS))}")
-    tier = tier.astype(np.int64)
-    emb = np.stack(df["embedding"].map(lambda e: np.asarray(e, np.float32)).to_numpy()) if len(df) \
-        else np.zeros((0, dim), np.float32)
-    if emb.shape[1] != dim:
-        raise ValueError(f"served embeddings have {emb.shape[1]} dimensions, the autoencoder makes {dim}")
-    if exact_only:
-        keep = tier == TIERS.index("exact")
-        emb, tier = np.where(keep[:, None], emb, 0.0).astype(np.float32), np.where(keep, tier, TIER_NONE)
-    return {"fm": emb, "tier": tier}
-
-
-def masked(x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The same rows as if nothing had been served: zeros, tier none."""
-    return {**x, "fm": np.zeros_like(x["fm"]), "tier": np.full(len(x["tier"]), TIER_NONE, np.int64)}
-
-
-def consumer_rows(cfg, rows: pd.DataFrame, consumer, source: str | None = None) -> pd.DataFrame:
-    """The served rows a consumer (``[[models.consumers]]``) reads, as training picks them
-    (``model.training.consumer_rows``), labelled with its task (another task's label from request_log)."""
-    from model.training import consumer_rows as reads, label_column
-
-    column = label_column(consumer.task)
-    if column != "label":
-        labels = mdata.read_table(cfg, "request_log", ["request_id", "item_id", column], source)
-        rows = rows.drop(columns=["label"]).merge(labels, on=["request_id", "item_id"], how="left", validate="one_to_one")
-    rows = rows.iloc[reads(rows, consumer)].rename(columns={column: "label"})
-    if rows.empty:
-        raise ValueError(f"consumer {consumer.name!r}: no served rows with its surface and label in the replay")
-    return rows.reset_index(drop=True)
 
 
 def coverage(rows: pd.DataFrame, since) -> dict[str, float]:

@@ -209,8 +209,8 @@ TASKS = ("click", "conversion")  # the labels a consumer VM can learn: request_l
 @dataclass(frozen=True)
 class ConsumerConfig:
     """One VM that reads the served embeddings (``[[models.consumers]]``): trained, evaluated and
-    promoted on its own, as ``vm_<name>`` in the registry (with ``vm_<name>_kd`` and
-    ``vm_<name>_solaris`` beside it)."""
+    promoted on its own, as ``vm_<name>`` in the registry (with ``vm_<name>_kd``, ``vm_<name>_oracle``
+    and ``vm_<name>_solaris``, trained on what was served, beside it)."""
 
     name: str
     task: str = "click"  # its label: click (request_log.label) or conversion (request_log.conversion)
@@ -255,6 +255,11 @@ class ModelsConfig:
     # The VMs that read the embeddings; the daily DAG trains and gates every one.
     consumers: tuple[ConsumerConfig, ...] = (ConsumerConfig("click"),)
     verifier: str = "click"  # the consumer whose plain VM scores the candidates precompute chooses from
+    # The daily DAG trains each consumer's VM + SOLARIS on the features the lookup served
+    # (request_features) of this many hours before the newest served one (model/served_training.py);
+    # with fewer rows than served_min_rows of a consumer there, its plain VM keeps serving it.
+    served_window_hours: float = 48.0
+    served_min_rows: int = 5000
 
     def __post_init__(self):
         if not self.consumers:
@@ -267,6 +272,10 @@ class ModelsConfig:
         for key in ("fm_params", "vm_params"):
             if not isinstance(getattr(self, key), dict):
                 raise ConfigError(f"[models] {key} must be a table")
+        if not self.served_window_hours > 0:
+            raise ConfigError(f"[models] served_window_hours must be > 0, got {self.served_window_hours!r}")
+        if not isinstance(self.served_min_rows, int) or self.served_min_rows < 1:
+            raise ConfigError(f"[models] served_min_rows must be a positive integer, got {self.served_min_rows!r}")
         if self.sizes not in MODEL_SIZES:
             raise ConfigError(f"[models] sizes must be one of {', '.join(MODEL_SIZES)}, got {self.sizes!r}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):

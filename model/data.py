@@ -10,6 +10,7 @@ as they would be in production.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -29,23 +30,25 @@ class SplitConfig:
     seed: int = 7
 
 
-def _dataset(cfg, table: str) -> ds.Dataset:
+def _dataset(cfg, table: str, path: Path | None = None) -> ds.Dataset:
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
-    path = cfg.lake.table_path(table)
+    path = path or cfg.lake.table_path(table)
     try:
         return DeltaTable(str(path)).to_pyarrow_dataset()
     except TableNotFoundError as e:
         raise FileNotFoundError(f"table {table} not found at {path}: ingest a log first") from e
 
 
-def read_table(cfg, table: str, columns: list[str], source: str | None, until=None) -> pd.DataFrame:
+def read_table(cfg, table: str, columns: list[str], source: str | None, until=None, path: Path | None = None
+               ) -> pd.DataFrame:
     """``table``'s ``columns`` of one source (all when None), rows with ``ts`` before ``until`` when
     given (pushed into the scan: on a long log the rows after a training window are never read).
+    ``path``: the table's folder when it is not the config lake's (a replay point's lake).
     Every Parquet page's CRC is verified, as on every other read of the lake: a flipped byte fails
     the read instead of becoming training data."""
-    dataset = _dataset(cfg, table)
+    dataset = _dataset(cfg, table, path)
     flt = pc.field("source") == source if source else None
     if until is not None:
         bound = pa.scalar(pd.Timestamp(until).to_pydatetime(), pa.timestamp("us")).cast(dataset.schema.field("ts").type)
@@ -130,6 +133,29 @@ def utc_naive(ts: pd.Series) -> pd.Series:
     """Timestamps as naive UTC, whether the reader returned them zone-aware (delta-rs) or not."""
     ts = pd.to_datetime(ts)
     return ts.dt.tz_convert("UTC").dt.tz_localize(None) if ts.dt.tz is not None else ts
+
+
+def served_rows(cfg, start=None, end=None, source: str | None = None, tables_root=None) -> pd.DataFrame:
+    """Labelled candidates of [start, end) (None: unbounded) with the tier and embedding the lookup
+    served them (``request_features`` of the lake whose tables are at ``tables_root``, default the
+    config's), and their context from ``request_log``: what a VM fed the served embedding learns from."""
+    path = Path(tables_root) / "request_features" if tables_root is not None else None
+    served = read_table(cfg, "request_features", ["request_id", "item_id", "user_id", "ts", "label", "tier", "embedding"],
+                        None, end, path=path)
+    served["ts"] = utc_naive(served["ts"])
+    keep = served["label"].notna()
+    if start is not None:
+        keep &= served["ts"] >= pd.Timestamp(start)
+    if end is not None:
+        keep &= served["ts"] < pd.Timestamp(end)
+    served = served[keep]
+    context = read_table(cfg, "request_log", ["request_id", "item_id", "position", "device", "surface"], source)
+    rows = served.merge(context, on=["request_id", "item_id"], how="left", validate="one_to_one")
+    unknown = rows["device"].isna() & rows["surface"].isna()
+    if unknown.any():
+        raise ValueError(f"{int(unknown.sum())} served candidates have no request_log row: "
+                         f"the features and the log are from different lakes")
+    return rows.sort_values(["ts", "request_id", "item_id"], kind="stable").reset_index(drop=True)
 
 
 def split_by_time(requests: pd.DataFrame, cfg: SplitConfig) -> dict[str, pd.DataFrame]:

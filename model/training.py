@@ -143,7 +143,9 @@ def train_all(cfg, source: str | None, ec: ModelSetConfig = ModelSetConfig(), lo
     for name, table in result["consumers"].items():
         rows = {r["model"]: r for r in table["rows"]}
         cwindow = table["window"] | {"source": source, "consumer": table["consumer"]}
-        for variant, model_name in (("", "VM"), ("kd", KD), ("solaris", ORACLE)):
+        # the oracle is a reference (the ceiling of full coverage), not the consumer that serves:
+        # vm_<name>_solaris is trained on what the lookup served (model/served_training.py)
+        for variant, model_name in (("", "VM"), ("kd", KD), ("oracle", ORACLE)):
             if model_name in rows:
                 key = registry.consumer_name(name, variant)
                 vocab = {"vocab.json": json.dumps(models[(name, "vocab")].values)}  # the consumer's own ids

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from datetime import datetime
@@ -142,8 +143,8 @@ def test_the_plugged_in_models_train_and_every_consumer_is_reported(plugged, tra
     assert registry.stored_class(registry.resolve(root, "vm_cvr")) == "model.vm.VerticalModel"
     # the conversion consumer reads the ids and the hour only, as its config declares
     assert registry.read_json(registry.resolve(root, "vm_cvr"), "config.json")["config"]["features"] == ["user", "item", "hour"]
-    assert set(trained["models"]) == {"fm", "autoencoder", "vm_click", "vm_click_kd", "vm_click_solaris",
-                                      "vm_cvr", "vm_cvr_solaris"}
+    assert set(trained["models"]) == {"fm", "autoencoder", "vm_click", "vm_click_kd", "vm_click_oracle",
+                                      "vm_cvr", "vm_cvr_oracle"}
     click, cvr = trained["consumers"]["click"], trained["consumers"]["cvr"]
     assert [r["model"] for r in click["rows"]] == ["VM", training.KD, training.ORACLE, "FM"]
     # the FM learned clicks: no FM row, no KD teacher and no transfer ratio for the conversion consumer
@@ -223,10 +224,16 @@ def test_the_daily_dag_trains_and_gates_every_declared_consumer(plugged, trained
     out = p.stdout + p.stderr
     assert p.returncode == 0 and "state=success" in out.replace("state: success", "state=success"), out[-5000:]
     root = plugged.models_root
-    for name in ("vm_click", "vm_click_kd", "vm_click_solaris", "vm_cvr", "vm_cvr_solaris"):
+    for name in ("vm_click", "vm_click_kd", "vm_click_oracle", "vm_cvr", "vm_cvr_oracle"):
         assert (root / name / "v0002").is_dir(), f"{name} was not trained by the DAG"
         assert (root / name / "PROMOTED").read_text().strip() in ("v0001", "v0002")
         assert f"{name} v0002: " in out  # the gate's decision, logged
+    # one hourly cycle served too few rows to learn from: the plain VMs keep serving, and the log says so
+    for consumer in ("click", "cvr"):
+        assert not (root / f"vm_{consumer}_solaris").exists()
+        assert re.search(rf"vm_{consumer}_solaris: not trained - [\d,]+ served rows of consumer '{consumer}' in the "
+                         rf"window, fewer than \[models\] served_min_rows = 5,000: the plain VM vm_{consumer} keeps "
+                         rf"serving it", out), out[-5000:]
     assert registry.stored_class(registry.resolve(root, "vm_click", "v0002")) == FACTORIZED
     assert registry.read_json(registry.resolve(root, "vm_cvr", "v0002"), "config.json")["config"]["features"] == \
         ["user", "item", "hour"]

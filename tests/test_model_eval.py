@@ -51,7 +51,7 @@ def test_every_variant_trains_and_is_reported(tiny_lake, trained):
                                           "fm_head_ne_reconstructed"}
     fm = registry.load(registry.resolve(tiny_lake.lake.root_path / "models", "fm"), FoundationModel, FMConfig)
     assert fm.cfg.embedding_dim == 16
-    assert "vocab.json" in os.listdir(result["models"]["vm_click_solaris"])
+    assert "vocab.json" in os.listdir(result["models"]["vm_click_oracle"])
     md = training.to_markdown(result)
     assert "Paper reference" in md
     # Every number with its paired-bootstrap interval; the transfer ratio only where the FM wins.

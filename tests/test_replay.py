@@ -263,6 +263,67 @@ def test_variants_are_deterministic_given_the_seed(replayed):
         [(r["model"], r["ne"], r["auc"]) for r in result["variants"]["rows"]]
 
 
+def test_consumers_learn_from_what_was_served(replayed, tmp_path):
+    """The daily training of VM + SOLARIS on ``request_features`` (model.served_training), on the
+    main point's served rows: the click consumer trains on exactly its rows of the window, reads the
+    served embedding, and is compared with the plain VM on the same test rows; the conversion
+    consumer of surface 1, with fewer rows than the minimum, is not trained and its plain VM keeps
+    serving it."""
+    import shutil
+
+    from model import promotion, served_training, training
+    from model.features import build_examples, row_inputs
+    from model.train import infer
+    from model.vm import VerticalModel, VMConfig
+
+    cfg, result, _ = replayed
+    pcfg = point_cfg(cfg, MAIN)
+    lake, models = tmp_path / "lake", tmp_path / "models"
+    shutil.copytree(cfg.lake.tables_path, lake / "tables")
+    shutil.rmtree(lake / "tables" / "request_features", ignore_errors=True)  # the base lake's own, empty
+    shutil.copytree(pcfg.lake.table_path("request_features"), lake / "tables" / "request_features")
+    shutil.copytree(Path(result["initial_models"]["models"]["autoencoder"]).parents[1], models)
+    rows = served(pcfg)
+    rows = rows[rows["label"].notna()]
+    hours = 2.0
+    window = rows[rows["ts"] >= rows["ts"].max() + pd.Timedelta(microseconds=1) - pd.Timedelta(hours=hours)]
+    log = DeltaTable(str(cfg.lake.table_path("request_log"))).to_pandas()[["request_id", "item_id", "surface", "conversion"]]
+    cvr = window.merge(log, on=["request_id", "item_id"])
+    n_cvr = int(((cvr["surface"].astype(str) == "1") & cvr["conversion"].notna()).sum())
+    assert 0 < n_cvr < len(window) - 1 and len(window) < len(rows)
+    tcfg = cfg.with_overrides(lake={"root": str(lake)},
+                              models={"root": str(models), "served_min_rows": n_cvr + 1, "served_window_hours": hours})
+
+    out = served_training.train_consumers(tcfg, TINY, "synthetic", log=lambda *_: None)
+    click, conversion = out["decisions"]
+    assert click["consumer"] == "click" and click["trained"] and click["rows"] == len(window)
+    assert not conversion["trained"] and conversion["rows"] == n_cvr and not (models / "vm_cvr_solaris").exists()
+    assert conversion["reason"].endswith("the plain VM vm_cvr keeps serving it")
+    path = Path(out["models"]["vm_click_solaris"])
+    assert path == models / "vm_click_solaris" / "v0001"
+    trained_window = registry.read_json(path, "window.json")
+    assert trained_window["trained_on"] == promotion.SERVED == served_training.TRAINED_ON
+    assert sum(trained_window[k]["rows"] for k in ("train", "val", "test")) == len(window)
+    m = registry.read_json(path, "metrics.json")
+    assert m["ne_vs_vm_pct"] == pytest.approx(100 * (m["ne"] - m["ne_vm"]) / m["ne_vm"])
+    assert m["ne_vs_vm_pct_ci"][0] <= m["ne_vs_vm_pct_ci"][1] and np.isfinite(m["ne_vs_vm_pct_ci"]).all()
+    assert sum(m["train_tier_shares"].values()) == pytest.approx(1.0) and m["train_tier_shares"]["exact"] > 0
+
+    # it reads what was served: the same rows with their embedding masked score otherwise
+    vm = registry.load(path, VerticalModel, VMConfig)
+    assert vm.cfg.use_fm_embedding and vm.cfg.fm_dim == TINY.code_dim
+    vocab = Vocab.load(path / "vocab.json")
+    events, items = mdata.events_and_items(tcfg, "synthetic")
+    rows = mdata.served_rows(tcfg, window["ts"].min(), None, "synthetic")  # with their request_log context
+    assert len(rows) == len(window)
+    x = {**row_inputs(build_examples(rows, events, vocab, 1, items)), **training.vm_ids(vocab, rows),
+         **served_training.served_inputs(rows, TINY.code_dim)}
+    assert np.abs(infer(vm, vm, x) - infer(vm, vm, served_training.masked(x))).max() > 1e-6
+
+    (decision,) = promotion.gate(models, out["models"])
+    assert decision["promoted"] == (m["ne"] <= m["ne_vm"])
+
+
 def test_bad_windows_and_inputs_are_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="measure_from <= test_from"):
         replay.ReplayWindow(datetime(2026, 1, 5, 6), datetime(2026, 1, 5, 10), datetime(2026, 1, 5, 9),
