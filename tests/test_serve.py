@@ -513,7 +513,11 @@ def test_methods_paths_and_odd_json_get_the_right_status(strict_server):
                                   "now:")):
             code, _, body = c.request("POST", "/v1/lookup", payload, {"Content-Type": "application/json"})
             assert code == 400 and message in json.loads(body)["error"], (payload[:40], code, body)
-        code, _, body = c.request("POST", "/v1/lookup", b"{}", {"Transfer-Encoding": "chunked"})
+        # a body without a Content-Length is refused: 411 from the app, or 400 from the HTTP parser when
+        # it meets the unframed body first (which comes first is a race). Declared JSON, so that the
+        # Content-Type check (415) cannot answer before either.
+        code, _, body = c.request("POST", "/v1/lookup", b"{}", {"Transfer-Encoding": "chunked",
+                                                               "Content-Type": "application/json"})
         assert code in (400, 411)
 
 
