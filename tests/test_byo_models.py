@@ -228,12 +228,13 @@ def test_the_daily_dag_trains_and_gates_every_declared_consumer(plugged, trained
         assert (root / name / "v0002").is_dir(), f"{name} was not trained by the DAG"
         assert (root / name / "PROMOTED").read_text().strip() in ("v0001", "v0002")
         assert f"{name} v0002: " in out  # the gate's decision, logged
-    # one hourly cycle served too few rows to learn from: the plain VMs keep serving, and the log says so
+    # one hourly cycle served too few rows to learn from (and those of the tiny autoencoder's size, not
+    # the size of the one this DAG trained): the plain VMs keep serving, and the log says so
     for consumer in ("click", "cvr"):
         assert not (root / f"vm_{consumer}_solaris").exists()
         assert re.search(rf"vm_{consumer}_solaris: not trained - [\d,]+ served rows of consumer '{consumer}' in the "
-                         rf"window, fewer than \[models\] served_min_rows = 5,000: the plain VM vm_{consumer} keeps "
-                         rf"serving it", out), out[-5000:]
+                         rf"window( \([\d,]+ more with codes of another size than \d+\))?, fewer than \[models\] "
+                         rf"served_min_rows = 5,000: the plain VM vm_{consumer} keeps serving it", out), out[-5000:]
     assert registry.stored_class(registry.resolve(root, "vm_click", "v0002")) == FACTORIZED
     assert registry.read_json(registry.resolve(root, "vm_cvr", "v0002"), "config.json")["config"]["features"] == \
         ["user", "item", "hour"]
