@@ -35,10 +35,9 @@ def _trained_on(path) -> str:
         return "the request log"
 
 
-def _beats_plain_vm(path, tolerance: float) -> bool:
+def _beats_plain_vm(m: dict, tolerance: float) -> bool:
     """A served VM's test NE against the plain VM trained on the same served rows (its metrics
-    carry both): not worse beyond ``tolerance``."""
-    m = registry.read_json(path, "metrics.json")
+    ``m`` carry both): not worse beyond ``tolerance``."""
     ne, ne_vm = m.get("ne"), m.get("ne_vm")
     return ne is not None and ne_vm is not None and ne == ne and ne_vm == ne_vm and ne <= ne_vm * (1 + tolerance)
 
@@ -47,21 +46,22 @@ def gate(root: Path, saved: dict[str, str], tolerance: float = 0.0) -> list[dict
     decisions = []
     for name, path in saved.items():
         metric = METRIC.get(name, "ne")
-        new = registry.read_json(path, "metrics.json").get(metric)
+        new_metrics = registry.read_json(path, "metrics.json")
+        new = new_metrics.get(metric)
         try:
             current = registry.resolve(root, name, "promoted")
             old = registry.read_json(current, "metrics.json").get(metric)
         except FileNotFoundError:
             current, old = None, None
         trained_on = _trained_on(path)
+        promoted_on = _trained_on(current) if current is not None else None
         if new is None or new != new:  # a missing or NaN metric never promotes
             promote, why = False, f"new {metric} is missing or NaN"
-        elif trained_on == SERVED and not _beats_plain_vm(path, tolerance):
-            m = registry.read_json(path, "metrics.json")
-            promote, why = False, (f"ne {new:.5f} is worse than the plain VM's {m.get('ne_vm', float('nan')):.5f} on the "
+        elif trained_on == SERVED and not _beats_plain_vm(new_metrics, tolerance):
+            promote, why = False, (f"ne {new:.5f} is worse than the plain VM's {new_metrics.get('ne_vm', float('nan')):.5f} on the "
                                    f"same served rows (tolerance {tolerance:.1%}): the plain VM keeps serving")
-        elif current is not None and _trained_on(current) != trained_on:
-            promote, why = True, (f"the promoted version was trained on {_trained_on(current)}, this one on "
+        elif current is not None and promoted_on != trained_on:
+            promote, why = True, (f"the promoted version was trained on {promoted_on}, this one on "
                                   f"{trained_on}: their {metric}s are of other rows")
         elif old is None or old != old:
             promote, why = True, "nothing promoted yet" if current is None else f"promoted {metric} is missing"
