@@ -13,6 +13,13 @@ reconstruction MSE for the autoencoder; `tolerance` param, default 0). Every dec
 with both numbers. Precompute runs promoted models when its config says `"promoted"`. A lake whose
 click-log candidates failed the ingest's leak check fails the run with the finding (no retry), unless
 `[quality] allow_leaking_candidates`.
+
+**Rollout.** A new FM or autoencoder is a new code space (`model.registry.CodeSpaces`): the
+hourly cycle keeps serving the space the consumers' promoted SOLARIS VMs read and writes the new
+one beside it in shadow (`shadow_request_features`); this DAG trains the consumers on the new
+space once its shadow rows reach `served_min_rows`, and the first publication after their
+promotion serves it. Trigger with `retrain: consumers` to retrain only the consumers (finish a
+rollout without training another FM).
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from include.orchestration import DEFAULT_ARGS
 
 
 @task
-def train(sizes: str) -> dict:
+def train(sizes: str, retrain: str) -> dict:
     from pathlib import Path
 
     from include.config import load_config
@@ -34,6 +41,9 @@ def train(sizes: str) -> dict:
     from model.data import LeakingCandidates
 
     cfg = load_config()
+    if retrain == "consumers":
+        print("retrain=consumers: the FM, the autoencoder and the plain VMs are kept as they are")
+        return {}
     try:
         result = training.train_all(cfg, None, training.model_set(sizes))
     except LeakingCandidates as e:  # a retry would refuse again: fail once, with the reason
@@ -77,12 +87,15 @@ def promote(saved: dict, tolerance: float) -> list[dict]:
     tags=["solaris", "training", "daily"],
     doc_md=__doc__,
     render_template_as_native_obj=True,  # params reach the tasks as bool and float, not strings
-    params={"sizes": Param("full", enum=["quick", "full"], description="model sizes: full, or quick for smoke runs"),
-            "tolerance": Param(0.0, type="number", description="promote if at most this much worse")},
+    params={"sizes": Param("full", enum=["quick", "full", "tiny"],
+                           description="model sizes: full; quick for smoke runs; tiny to check the DAGs in seconds"),
+            "tolerance": Param(0.0, type="number", description="promote if at most this much worse"),
+            "retrain": Param("all", enum=["all", "consumers"],
+                             description="all models, or only the consumers' SOLARIS VMs (e.g. to finish a rollout)")},
 )
 def solaris_train():
     sizes = "{{ params.sizes }}"
-    promote(train_served(train(sizes), sizes), "{{ params.tolerance }}")
+    promote(train_served(train(sizes, "{{ params.retrain }}"), sizes), "{{ params.tolerance }}")
 
 
 solaris_train()

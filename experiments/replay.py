@@ -94,13 +94,14 @@ WORLD_HOURS = {"long": 96, "quick": 48}  # the synthetic world each window needs
 
 
 def pin_models(cfg, saved: dict[str, str]):
-    """The replay's config: the versions trained for it, not whatever is latest later."""
+    """The replay's config: the versions trained for it, not whatever is latest later, served
+    whatever the registry's consumers read (no rollout)."""
     from model.registry import consumer_name
 
     verifier = saved[consumer_name(cfg.models.verifier)]
     return cfg.with_overrides(models={"root": str(cfg.models_root), "vm_version": Path(verifier).name,
                                       "fm_version": Path(saved["fm"]).name,
-                                      "ae_version": Path(saved["autoencoder"]).name})
+                                      "ae_version": Path(saved["autoencoder"]).name, "rollout": False})
 
 
 def point_stats(spark, pcfg, w: ReplayWindow) -> dict:

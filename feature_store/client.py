@@ -31,6 +31,7 @@ class LookupClient:
         u = urlsplit(url)
         self.host, self.port, self.timeout, self.binary = u.hostname, u.port or 80, timeout, binary
         self._conn: http.client.HTTPConnection | None = None
+        self.last_code_version: str | None = None  # the code space of the last answer (None: none recorded)
 
     def _connection(self) -> http.client.HTTPConnection:
         if self._conn is None:
@@ -55,17 +56,25 @@ class LookupClient:
                     raise
         raise AssertionError("unreachable")
 
-    def lookup(self, user_id: str, item_ids: list[str], now: datetime | None = None
-               ) -> tuple[np.ndarray, list[str], str | None]:
-        """(embeddings (n, dim) float32, tier names, snapshot run id)."""
+    def lookup(self, user_id: str, item_ids: list[str], now: datetime | None = None, code_version: str | None = None,
+               consumer: str | None = None) -> tuple[np.ndarray, list[str], str | None]:
+        """(embeddings (n, dim) float32, tier names, snapshot run id). ``code_version``: the code space
+        the caller's VM reads, or ``consumer``: the consumer whose promoted SOLARIS VM names it; a
+        snapshot of another answers ``none`` for every item. The answer's code space is left in
+        ``last_code_version``."""
         req = {"user_id": user_id, "item_ids": list(item_ids)}
         if now is not None:
             req["now"] = now.isoformat()
+        if code_version is not None:
+            req["code_version"] = code_version
+        if consumer is not None:
+            req["consumer"] = consumer
         headers = {"Content-Type": "application/json", "Accept": BINARY_TYPE if self.binary else "application/json"}
         status, resp_headers, data = self.request("POST", "/v1/lookup", json.dumps(req).encode(), headers)
         if status != 200:
             raise LookupFailed(status, json.loads(data).get("error", data.decode(errors="replace")))
         snapshot = resp_headers.get("x-solaris-snapshot") or None
+        self.last_code_version = resp_headers.get("x-solaris-code-version") or None
         if resp_headers.get("content-type", "").split(";")[0].strip() == BINARY_TYPE:
             emb, codes = decode_binary(data)
             return emb, [TIERS[c] for c in codes], snapshot

@@ -28,7 +28,7 @@ from deltalake import write_deltalake
 
 from feature_store.ids import id_problem
 from feature_store.lake import arrow_schema, as_utc, read_arrow, table_path, utc_now
-from feature_store.resolution import EXACT, Snapshot
+from feature_store.resolution import EXACT, NONE, Snapshot
 from feature_store.store import LookupStore
 from feature_store.tables import FEATURE_VERSIONS, MISS_QUEUE
 
@@ -39,7 +39,9 @@ log = logging.getLogger("solaris.online")
 class Published:
     run_id: str
     interval_end: datetime
-    versions: dict[str, int]
+    # the serving tables' Delta versions, the code space served (code_version) and, in a rollout, the
+    # new one resolved in shadow (shadow_code_version)
+    versions: dict[str, int | str]
 
 
 def publications(tables_root: str | Path) -> list[Published]:
@@ -50,7 +52,10 @@ def publications(tables_root: str | Path) -> list[Published]:
         return []
     rows.sort(key=lambda r: (r["interval_end"], r["published_at"]), reverse=True)
     return [Published(r["run_id"], r["interval_end"],
-                      {k: int(v) for k, v in r.items() if k.endswith("_version") and v is not None}) for r in rows]
+                      {k: int(v) for k, v in r.items() if k.endswith("_version") and not k.endswith("code_version")
+                       and v is not None}
+                      | {k: r[k] for k in ("code_version", "shadow_code_version") if r.get(k)})
+            for r in rows]
 
 
 def latest_publication(tables_root: str | Path) -> Published | None:
@@ -185,6 +190,7 @@ class _State:
     snapshot: Snapshot
     published: Published | None
     loaded_at: float = field(default_factory=time.time)
+    shadow: Snapshot | None = None  # in a rollout: the new code space, for consumers already trained on it
 
 
 class OnlineStore(LookupStore):
@@ -198,6 +204,9 @@ class OnlineStore(LookupStore):
         self.misses = MissRecorder(tables_root, miss_capacity, miss_flush_seconds, miss_per_user) \
             if record_misses else None
         self.reloads = self.reload_failures = 0
+        self.code_version_mismatches = 0  # lookups that named another code space than the one served
+        self._spaces: dict[str, tuple[str | None, ...]] = {}  # run id -> the code spaces it answers in
+        self._count_lock = threading.Lock()
         self.last_error: str | None = None
         self.newest_run_id: str | None = None  # the newest publication, served or not
         self.skipped: dict[str, str] = {}  # newer publications that failed to load -> why
@@ -251,13 +260,31 @@ class OnlineStore(LookupStore):
             except Exception as e:  # a corrupt or unreadable version: try the next older one
                 self._failed(pub.run_id, e)
                 continue
-            self._state = _State(snap, pub)  # one reference swap: requests see old or new, never a mix
+            shadow = self._load_shadow(pub)
+            # before the swap: an answer can always say its code space
+            self._spaces[pub.run_id] = (snap.code_version, *([shadow.code_version] if shadow else []))
+            self._state = _State(snap, pub, shadow=shadow)  # one reference swap: requests see old or new, never a mix
             self.reloads += 1
             self.last_error = None if pub.run_id == self.newest_run_id else self.last_error
             log.info("serving snapshot %s (%s)%s", pub.run_id, snap.stats,
                      "" if pub.run_id == self.newest_run_id else f"; newer ones failed to load: {sorted(self.skipped)}")
             return True
         return False
+
+    def _load_shadow(self, pub: Published) -> Snapshot | None:
+        """In a rollout, the publication's rows of the new code space: the consumers promoted on it
+        are answered in it while the others are still answered in the served one. A shadow that
+        fails to load is reported, and those consumers are answered ``none`` (counted)."""
+        space = pub.versions.get("shadow_code_version")
+        if not space:
+            return None
+        try:
+            return Snapshot.load(self.tables_root, {**pub.versions, "code_version": space}, self.dim, pub.run_id)
+        except Exception as e:
+            self.reload_failures += 1
+            self.last_error = f"shadow code space {space} of {pub.run_id} failed to load: {type(e).__name__}: {e}"
+            log.error("%s", self.last_error)
+            return None
 
     def _failed(self, run_id: str | None, e: Exception) -> None:
         self.reload_failures += 1
@@ -271,16 +298,35 @@ class OnlineStore(LookupStore):
         while not self._stop.wait(self.poll_seconds):
             self.poll_once()
 
-    def lookup(self, user_id: str, item_ids, now: datetime | None = None) -> tuple[np.ndarray, np.ndarray, str | None]:
-        """(embeddings (n, dim) float32, tier codes (n,), snapshot run id). ``now`` defaults to the clock."""
+    def lookup(self, user_id: str, item_ids, now: datetime | None = None, code_version: str | None = None
+               ) -> tuple[np.ndarray, np.ndarray, str | None]:
+        """(embeddings (n, dim) float32, tier codes (n,), snapshot run id). ``now`` defaults to the clock.
+        ``code_version``: the code space the caller reads (its consumer VM's); the snapshot of another
+        answers tier ``none`` with zeros for every item, and is counted, never a code the caller
+        would misread."""
         state = self._state  # the snapshot for the whole request, whatever a reload does meanwhile
+        run_id = state.published.run_id if state.published else None
+        snapshot = state.snapshot
+        if code_version is not None and code_version != snapshot.code_version:
+            if state.shadow is not None and code_version == state.shadow.code_version:
+                snapshot = state.shadow  # a consumer already trained on the rollout's new code space
+            else:
+                with self._count_lock:
+                    self.code_version_mismatches += 1
+                return np.zeros((len(item_ids), snapshot.dim), np.float32), np.full(len(item_ids), NONE, np.int8), run_id
         now = now or utc_now()
-        emb, tiers = state.snapshot.lookup(user_id, item_ids, now)
+        emb, tiers = snapshot.lookup(user_id, item_ids, now)
         if self.misses is not None and len(tiers):
             missed = tiers != EXACT
             if missed.any():
                 self.misses.add(user_id, np.asarray(item_ids, dtype=object)[missed].tolist(), now)
-        return emb, tiers, state.published.run_id if state.published else None
+        return emb, tiers, run_id
+
+    def answer_space(self, run_id: str | None, code_version: str | None = None) -> str | None:
+        """The code space of an answer of the publication ``run_id`` to a lookup that named
+        ``code_version``: that one where the publication holds it, else the one it serves."""
+        spaces = self._spaces.get(run_id, (None,)) if run_id else (None,)
+        return code_version if code_version is not None and code_version in spaces else spaces[0]
 
     def status(self) -> dict:
         state = self._state
@@ -290,6 +336,10 @@ class OnlineStore(LookupStore):
                 "serving_older_publication": pub is not None and self.newest_run_id not in (None, pub.run_id),
                 "skipped_publications": dict(self.skipped),
                 "snapshot_versions": pub.versions if pub else None,
+                # the code space every code served belongs to: a consumer VM reads only its own
+                "code_version": state.snapshot.code_version, "code_version_mismatches": self.code_version_mismatches,
+                # in a rollout: the new code space, answered to the consumers already trained on it
+                "shadow_code_version": state.shadow.code_version if state.shadow else None,
                 "snapshot_loaded_seconds_ago": round(time.time() - state.loaded_at, 3),
                 # how old the data is: the publication's interval end (its run's t), not the load
                 "snapshot_data_age_seconds": round(time.time() - as_utc(pub.interval_end).timestamp(), 3) if pub else None,

@@ -81,7 +81,8 @@ def publish(snapshot: Snapshot, redis, prefix: str = "solaris", grace_seconds: i
             + sims.astype("<f4").tobytes() + SEP.join(users[ids[keep]]).encode()
         pipe.set(f"{ns}:n:{users[u]}", raw)
         step()
-    pipe.set(f"{ns}:meta", json.dumps({"run_id": snapshot.run_id, "dim": snapshot.dim, "stats": snapshot.stats}))
+    pipe.set(f"{ns}:meta", json.dumps({"run_id": snapshot.run_id, "dim": snapshot.dim, "stats": snapshot.stats,
+                                        "code_version": snapshot.code_version}))
     pipe.execute()
     old = redis.getset(f"{prefix}:current", ns)
     old = old.decode() if isinstance(old, bytes) else old
@@ -114,6 +115,8 @@ class RedisStore(LookupStore):
         self.prefix, self.pointer_seconds = prefix, pointer_seconds
         self._pointer: tuple[float, str | None, dict] = (0.0, None, {})
         self.misses = None
+        self.code_version_mismatches = 0  # lookups that named another code space than the one served
+        self._code_versions: dict[str, str | None] = {}  # run id -> its code space, for each namespace read
 
     def _namespace(self) -> tuple[str | None, dict]:
         """The namespace to read (None: nothing usable, ``meta["problem"]`` says why) and its meta."""
@@ -132,23 +135,33 @@ class RedisStore(LookupStore):
                                            f"{self.dim}: publish codes of the configured autoencoder"}
                 ns = None
             self._pointer = (time.monotonic(), ns, meta)
+            if meta.get("run_id"):
+                self._code_versions[meta["run_id"]] = meta.get("code_version")
         return ns, meta
 
-    def lookup(self, user_id: str, item_ids, now: datetime | None = None):
+    def answer_space(self, run_id: str | None, code_version: str | None = None) -> str | None:
+        """The code space of an answer of the published snapshot ``run_id``: the one it serves (a
+        Redis namespace holds one code space; a consumer of a rollout's new one is answered none)."""
+        return self._code_versions.get(run_id) if run_id else None
+
+    def lookup(self, user_id: str, item_ids, now: datetime | None = None, code_version: str | None = None):
         import redis
 
         try:
-            return self._lookup(user_id, item_ids, now)
+            return self._lookup(user_id, item_ids, now, code_version)
         except (redis.ConnectionError, redis.TimeoutError) as e:
             self._pointer = (0.0, None, {})  # look the pointer up again once Redis is back
             raise StoreUnavailable(f"redis unavailable: {e}") from e
 
-    def _lookup(self, user_id: str, item_ids, now: datetime | None):
+    def _lookup(self, user_id: str, item_ids, now: datetime | None, code_version: str | None = None):
         now = now or utc_now()
         items = [str(i) for i in item_ids]
         ns, meta = self._namespace()
         dim = int(self.dim or meta.get("dim") or 32)
-        if ns is None or not items:
+        mismatch = code_version is not None and code_version != meta.get("code_version")
+        if mismatch:
+            self.code_version_mismatches += 1  # this process's count; each replica counts its own
+        if ns is None or not items or mismatch:
             return np.zeros((len(items), dim), np.float32), np.full(len(items), NONE, np.int8), \
                 meta.get("run_id") if ns else None
         pipe = self.redis.pipeline(transaction=False)
@@ -213,10 +226,14 @@ class RedisStore(LookupStore):
         try:
             ns, meta = self._namespace()
         except (redis.ConnectionError, redis.TimeoutError) as e:
-            return {"ready": False, "snapshot_run_id": None, "snapshot_versions": None, "snapshot_loaded_seconds_ago": 0.0,
+            return {"ready": False, "snapshot_run_id": None, "snapshot_versions": None, "code_version": None,
+                    "code_version_mismatches": self.code_version_mismatches,
+                    "snapshot_loaded_seconds_ago": 0.0,
                     "snapshot_stats": {}, "dim": None, "reloads": 0, "reload_failures": 0,
                     "last_error": f"redis unavailable: {e}", "misses": None, "backend": "redis"}
         return {"ready": ns is not None, "snapshot_run_id": meta.get("run_id") if ns else None, "snapshot_versions": None,
+                "code_version": meta.get("code_version") if ns else None,
+                "code_version_mismatches": self.code_version_mismatches,
                 "snapshot_loaded_seconds_ago": 0.0, "snapshot_stats": meta.get("stats", {}) if ns else {},
                 "dim": self.dim or meta.get("dim"), "reloads": 0, "reload_failures": 0,
                 "last_error": meta.get("problem"), "misses": None, "backend": "redis"}

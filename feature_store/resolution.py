@@ -144,6 +144,7 @@ class Snapshot:
     item_mean_valid: np.ndarray  # (I + 1, 2); row I (code -1) is never valid
     run_id: str | None = None
     stats: dict = field(default_factory=dict)
+    code_version: str | None = None  # the code space of every code it holds (None: not recorded)
 
     @classmethod
     def empty(cls, dim: int, run_id: str | None = None) -> "Snapshot":
@@ -264,21 +265,33 @@ class Snapshot:
 
         published = bool(versions)
         versions = versions or {}
+        code_version = versions.get("code_version")  # None: published before code versions, every row read
         read = {}
-        for spec, cols in ((PAIR_EMBEDDINGS, PAIR_COLUMNS), (USER_MEAN_EMBEDDINGS, MEAN_COLUMNS),
-                           (USER_NEIGHBORS, NEIGHBOR_COLUMNS), (ITEM_MEAN_EMBEDDINGS, ITEM_MEAN_COLUMNS)):
+        for spec, cols, version_column in (
+                (PAIR_EMBEDDINGS, PAIR_COLUMNS, "model_version"), (USER_MEAN_EMBEDDINGS, MEAN_COLUMNS, "code_version"),
+                (USER_NEIGHBORS, NEIGHBOR_COLUMNS, None), (ITEM_MEAN_EMBEDDINGS, ITEM_MEAN_COLUMNS, "code_version")):
             version = versions.get(f"{spec.name}_version")
             if published and version is None:
                 read[spec.name] = None
                 continue
+            # Only rows of the publication's code space: a code of another FM or autoencoder means
+            # something else to the consumer that reads it. (Neighbour lists hold user ids, no codes:
+            # what they lend is read from these filtered rows.)
+            only = pc.field(version_column) == code_version if code_version and version_column else None
             try:
-                read[spec.name] = read_arrow(tables_root, spec, version, columns=list(cols))
+                read[spec.name] = read_arrow(tables_root, spec, version, columns=list(cols), filter=only)
             except FileNotFoundError:
                 if version is not None:  # a published version that is gone is an error, not "empty"
                     raise
                 read[spec.name] = None
-        return cls.from_arrow(read["pair_embeddings"], read["user_mean_embeddings"], read["user_neighbors"], dim, run_id,
-                              read["item_mean_embeddings"])
+            except pa.ArrowInvalid as e:  # a table version written before it had the column: no row of this space
+                if only is None or f"FieldRef.Name({version_column})" not in str(e):
+                    raise
+                read[spec.name] = None
+        snapshot = cls.from_arrow(read["pair_embeddings"], read["user_mean_embeddings"], read["user_neighbors"], dim,
+                                  run_id, read["item_mean_embeddings"])
+        snapshot.code_version = code_version
+        return snapshot
 
     def _pairs(self, u: np.ndarray, i: np.ndarray, now: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(row of the pair in pair_* arrays, whether a valid row exists) for codes u, i (any shape)."""

@@ -41,6 +41,7 @@ import tempfile
 import threading
 import time
 from datetime import datetime
+from pathlib import Path
 
 import numpy as np
 
@@ -60,9 +61,12 @@ class BadRequest(Exception):
         self.status = status
 
 
-def parse_request(body: bytes, max_items: int, allow_now: bool = False) -> tuple[str, list[str], datetime | None]:
-    """(user_id, item_ids, now) of a lookup body, or ``BadRequest`` with the reason. ``now`` (the time
-    to resolve at) is accepted only with ``allow_now``, the operator's ``[serve] allow_client_now``."""
+def parse_request(body: bytes, max_items: int, allow_now: bool = False
+                  ) -> tuple[str, list[str], datetime | None, str | None, str | None]:
+    """(user_id, item_ids, now, code_version, consumer) of a lookup body, or ``BadRequest`` with the
+    reason. ``now`` (the time to resolve at) is accepted only with ``allow_now``, the operator's
+    ``[serve] allow_client_now``; ``code_version`` or ``consumer`` (optional, not both) say which code
+    space the caller's VM reads: the space itself, or the consumer whose promoted SOLARIS VM says it."""
     try:
         req = json.loads(body)
     except RecursionError as e:
@@ -97,7 +101,17 @@ def parse_request(body: bytes, max_items: int, allow_now: bool = False) -> tuple
             now = parse_time(now)
         except (ValueError, OverflowError) as e:  # not ISO, or out of the representable range in UTC
             raise BadRequest(400, f"now: {e}") from e
-    return user, items, now
+    code_version = req.get("code_version")
+    if code_version is not None and (not isinstance(code_version, str) or not code_version or len(code_version) > 200):
+        raise BadRequest(400, "code_version must be a non-empty string of at most 200 characters (the code space "
+                              "the caller's VM was trained on, as /v1/status reports it)")
+    consumer = req.get("consumer")
+    if consumer is not None and (not isinstance(consumer, str) or (problem := id_problem(consumer)) is not None
+                                 or not consumer):
+        raise BadRequest(400, "consumer must be a non-empty id string (a [[models.consumers]] name)")
+    if consumer is not None and code_version is not None:
+        raise BadRequest(400, "name the consumer or the code_version, not both")
+    return user, items, now, code_version, consumer
 
 
 class Metrics:
@@ -246,8 +260,34 @@ async def respond_error(send, status: int, message: str, headers: list | None = 
     await respond(send, status, _dumps({"error": message}), "application/json", headers)
 
 
+class ConsumerCodeSpaces:
+    """Consumer name -> the code space its promoted SOLARIS VM was trained on, from the model registry,
+    each re-read at most every ``seconds`` (a promotion is seen within that)."""
+
+    def __init__(self, models_root: str | Path, seconds: float = 5.0):
+        self.models_root, self.seconds = Path(models_root), seconds
+        self._known: dict[str, tuple[float, str | None, str | None]] = {}  # name -> (read at, space, why not)
+
+    def __call__(self, consumer: str) -> str:
+        """Its code space, or ``LookupError`` saying why the registry cannot tell."""
+        from model.registry import consumer_code_version
+
+        at, space, why = self._known.get(consumer, (-1e18, None, None))
+        if time.monotonic() - at > self.seconds:
+            try:
+                space, why = consumer_code_version(self.models_root, consumer), None
+            except LookupError as e:
+                space, why = None, str(e)
+            if len(self._known) > 10_000:  # names come from requests: bound what they can make it hold
+                self._known.clear()
+            self._known[consumer] = (time.monotonic(), space, why)
+        if space is None:
+            raise LookupError(why)
+        return space
+
+
 def build_app(store, metrics: Metrics, max_items: int = 1000, max_body_bytes: int = 1 << 20,
-              allow_client_now: bool = False):
+              allow_client_now: bool = False, consumers: ConsumerCodeSpaces | None = None):
     """The ASGI application: lookup, health, readiness, metrics and status; JSON errors throughout.
 
     ``POST /v1/lookup``, the hot path, is a bare ASGI handler: Starlette's request and response
@@ -278,14 +318,25 @@ def build_app(store, metrics: Metrics, max_items: int = 1000, max_body_bytes: in
         try:
             check_origin(scope["headers"])
             body = await read_body(scope, receive, max_body_bytes)
-            user, items, now = parse_request(body, max_items, allow_client_now)
-            emb, tiers, run_id = await call(store.lookup, user, items, now)
-            headers = [(b"x-solaris-snapshot", (run_id or "").encode())]
+            user, items, now, code_version, consumer = parse_request(body, max_items, allow_client_now)
+            if consumer is not None:
+                if consumers is None:
+                    raise BadRequest(400, "this lookup runs without a model registry: name the code_version instead "
+                                          "of the consumer")
+                try:
+                    code_version = consumers(consumer)
+                except LookupError as e:
+                    raise BadRequest(422, str(e)) from e
+            emb, tiers, run_id = await call(store.lookup, user, items, now, code_version)
+            served_space = store.answer_space(run_id, code_version)  # the code space of the answer: a caller can check it
+            headers = [(b"x-solaris-snapshot", (run_id or "").encode()),
+                       (b"x-solaris-code-version", (served_space or "").encode())]
             accept = next((v for k, v in scope["headers"] if k == b"accept"), b"")
             if wants_binary(accept) or b"format=binary" in scope.get("query_string", b"").split(b"&"):
                 await respond(send, 200, encode_binary(emb, tiers), BINARY_TYPE, headers)
             else:
-                await respond(send, 200, _dumps({"snapshot": run_id, "dim": int(emb.shape[1]),
+                await respond(send, 200, _dumps({"snapshot": run_id, "code_version": served_space,
+                                                 "dim": int(emb.shape[1]),
                                                  "tiers": [TIERS[t] for t in tiers], "embeddings": emb.tolist()}),
                               "application/json", headers)
         except BadRequest as e:
@@ -532,11 +583,12 @@ class LookupServer:
 
     def __init__(self, store, host: str = "127.0.0.1", port: int = 8765, max_items: int = 1000,
                  max_body_bytes: int = 1 << 20, allow_client_now: bool = False, request_timeout: float = 10.0,
-                 keepalive_seconds: int = 5, max_connections: int = 1000, backlog: int = 2048, sock=None):
+                 keepalive_seconds: int = 5, max_connections: int = 1000, backlog: int = 2048, sock=None,
+                 consumers: ConsumerCodeSpaces | None = None):
         import uvicorn
 
         self.store, self.metrics = store, Metrics()
-        app = build_app(store, self.metrics, max_items, max_body_bytes, allow_client_now)
+        app = build_app(store, self.metrics, max_items, max_body_bytes, allow_client_now, consumers)
         # A socket given is one that a parent bound and shares among its workers (serve_workers).
         self.socket = sock if sock is not None else listening_socket(host, port, backlog)
         config = uvicorn.Config(app, lifespan="off", access_log=False, log_level="warning", server_header=False,
@@ -627,7 +679,8 @@ def serve_one(cfg, dim: int | None, sock, worker: str = "") -> int:
     sc = cfg.serve
     store = open_store(cfg, dim)
     server = LookupServer(store, sc.host, sc.port, sc.max_items, sc.max_body_bytes, sc.allow_client_now,
-                          sc.request_timeout_seconds, sc.keepalive_seconds, sc.max_connections, sc.backlog, sock=sock)
+                          sc.request_timeout_seconds, sc.keepalive_seconds, sc.max_connections, sc.backlog, sock=sock,
+                          consumers=ConsumerCodeSpaces(cfg.models_root, sc.poll_seconds))
     print(f"SOLARIS lookup{worker} on {server.url} ({sc.backend}; snapshot "
           f"{store.status()['snapshot_run_id'] or 'none yet'})", flush=True)
     # uvicorn handles SIGTERM (docker stop, systemd, Kubernetes) and Ctrl-C while it runs, finishes the

@@ -17,10 +17,16 @@ class StoreUnavailable(RuntimeError):
 
 @runtime_checkable
 class LookupStore(Protocol):
-    def lookup(self, user_id: str, item_ids, now: datetime | None = None) -> tuple[np.ndarray, np.ndarray, str | None]:
+    def lookup(self, user_id: str, item_ids, now: datetime | None = None, code_version: str | None = None
+               ) -> tuple[np.ndarray, np.ndarray, str | None]:
         """(embeddings (n, dim) float32, tier codes (n,) into TIERS, the serving snapshot's run id or None).
         A pair with nothing to serve is tier ``none`` with zeros: a normal answer, never an exception;
-        ``StoreUnavailable`` when the backing service cannot be reached at all."""
+        ``StoreUnavailable`` when the backing service cannot be reached at all. With ``code_version``
+        (the caller's code space), a snapshot of another code space answers ``none`` for every item."""
+
+    def answer_space(self, run_id: str | None, code_version: str | None = None) -> str | None:
+        """The code space of an answer of the snapshot ``run_id`` to a lookup that named
+        ``code_version`` (None: none recorded)."""
 
     def status(self) -> dict:
         """What /v1/status and /readyz report: at least ``ready``, ``snapshot_run_id`` and ``dim``."""

@@ -155,12 +155,12 @@ PAIR_EMBEDDINGS = TableSpec(
         # float32: Spark, Delta and Arrow have no half-precision array type, and at C=32 a pair
         # costs 128 bytes either way small next to the keys; readers keep it float32 in memory.
         ("embedding", "ARRAY<FLOAT>", "autoencoder code of the FM interaction embedding (C floats)"),
-        ("model_version", "STRING", "fm and autoencoder versions that computed it"),
+        ("model_version", "STRING", "code space: fm and autoencoder versions and weight digests that computed it"),
         ("computed_at", "TIMESTAMP", "end of the precompute interval whose history it used, UTC"),
         ("expires_at", "TIMESTAMP", "computed_at + TTL; never served at or after this time"),
         ("run_id", "STRING", "precompute run that wrote it"),
     ),
-    primary_key=("user_id", "item_id"),
+    primary_key=("user_id", "item_id", "model_version"),  # one row per pair and code space
     expiry="a row is valid for t in [computed_at, expires_at); readers filter at read time, cleanup deletes later",
 )
 
@@ -228,8 +228,9 @@ PRECOMPUTE_RUNS = TableSpec(
         ("queue_waiting", "BIGINT", "miss-queue pairs still waiting after the run"),
         ("queue_pruned", "BIGINT", "queued misses older than [precompute] queue_retention_hours deleted by this run"),
         ("vm_version", "STRING", "verifier model used"),
-        ("fm_version", "STRING", "fm and autoencoder used"),
+        ("fm_version", "STRING", "code space written: the fm and autoencoder the config names (model.registry.code_version)"),
         ("seconds", "DOUBLE", "wall time"),
+        ("rollout_code_version", "STRING", "the consumers' code space written beside fm_version during a rollout (NULL: none)"),
     ),
     primary_key=("run_id",),
 )
@@ -243,8 +244,9 @@ USER_EMBEDDING_SUMS = TableSpec(
         ("embedding_sum", "ARRAY<DOUBLE>", "sum of the user's valid pair embeddings from the run (C values)"),
         ("pair_count", "BIGINT", "pairs summed"),
         ("computed_at", "TIMESTAMP", "the run's time t"),
+        ("code_version", "STRING", "code space of the embeddings summed: a mean adds up partials of one code space only"),
     ),
-    primary_key=("run_id", "user_id"),
+    primary_key=("run_id", "user_id", "code_version"),
     partition_by=("run_id",),
     expiry="partials older than the user-mean window are deleted by the user-mean job",
 )
@@ -260,8 +262,9 @@ USER_MEAN_EMBEDDINGS = TableSpec(
         ("computed_at", "TIMESTAMP", "the run's time t"),
         ("expires_at", "TIMESTAMP", "computed_at + user-mean TTL; never served at or after this time"),
         ("run_id", "STRING", "run that wrote it"),
+        ("code_version", "STRING", "code space of the pair embeddings averaged (model.registry.code_version)"),
     ),
-    primary_key=("user_id",),
+    primary_key=("user_id", "code_version"),
     expiry="a row is valid for t in [computed_at, expires_at)",
 )
 
@@ -274,8 +277,9 @@ ITEM_EMBEDDING_SUMS = TableSpec(
         ("embedding_sum", "ARRAY<DOUBLE>", "sum of the item's valid pair embeddings from the run, over its users (C values)"),
         ("pair_count", "BIGINT", "pairs summed"),
         ("computed_at", "TIMESTAMP", "the run's time t"),
+        ("code_version", "STRING", "code space of the embeddings summed: a mean adds up partials of one code space only"),
     ),
-    primary_key=("run_id", "item_id"),
+    primary_key=("run_id", "item_id", "code_version"),
     partition_by=("run_id",),
     expiry="partials older than the item-mean window are deleted by the mean job",
 )
@@ -291,8 +295,9 @@ ITEM_MEAN_EMBEDDINGS = TableSpec(
         ("computed_at", "TIMESTAMP", "the run's time t"),
         ("expires_at", "TIMESTAMP", "computed_at + item-mean TTL; never served at or after this time"),
         ("run_id", "STRING", "run that wrote it"),
+        ("code_version", "STRING", "code space of the pair embeddings averaged (model.registry.code_version)"),
     ),
-    primary_key=("item_id",),
+    primary_key=("item_id", "code_version"),
     expiry="a row is valid for t in [computed_at, expires_at)",
 )
 
@@ -348,6 +353,8 @@ FEATURE_VERSIONS = TableSpec(
         ("user_neighbors_version", "BIGINT", "Delta version of user_neighbors"),
         ("item_mean_embeddings_version", "BIGINT", "Delta version of item_mean_embeddings (NULL: published before it existed)"),
         ("published_at", "TIMESTAMP", "wall-clock time of publication, UTC"),
+        ("code_version", "STRING", "the code space this snapshot serves: only rows of it are read (NULL: published before versions)"),
+        ("shadow_code_version", "STRING", "during a rollout, the new code space resolved in shadow beside it (NULL: none)"),
     ),
     primary_key=("run_id",),
 )
@@ -365,8 +372,18 @@ REQUEST_FEATURES = TableSpec(
         ("embedding", "ARRAY<FLOAT>", "the embedding served (zeros for tier none)"),
         ("snapshot_run_id", "STRING", "published snapshot that served it; NULL if none was published yet"),
         ("date", "DATE", "partition: UTC date of ts"),
+        ("code_version", "STRING", "code space of the snapshot that served it (NULL: none, or published before versions)"),
     ),
     primary_key=("request_id", "item_id"),
+    partition_by=("date",),
+)
+
+SHADOW_REQUEST_FEATURES = TableSpec(
+    name="shadow_request_features",
+    description="During a rollout: every logged candidate with the embedding and tier the new code space would have "
+                "served (not served): what the consumers of the new FM or autoencoder are trained on.",
+    columns=REQUEST_FEATURES.columns,
+    primary_key=("request_id", "item_id", "code_version"),
     partition_by=("date",),
 )
 
@@ -410,7 +427,7 @@ ALL_TABLES: tuple[TableSpec, ...] = (REQUEST_LOG, USER_EVENTS, ITEMS, TRUTH, REQ
                                      PAIR_EMBEDDINGS, VERIFIER_SCORES, MISS_QUEUE, MISS_CONSUMPTION, PRECOMPUTE_RUNS,
                                      USER_EMBEDDING_SUMS, USER_MEAN_EMBEDDINGS, ITEM_EMBEDDING_SUMS, ITEM_MEAN_EMBEDDINGS,
                                      USER_NEIGHBORS, USER_VECTORS, FEATURE_VERSIONS,
-                                     REQUEST_FEATURES, COVERAGE_REPORT, COVERAGE_SWEEP)
+                                     REQUEST_FEATURES, SHADOW_REQUEST_FEATURES, COVERAGE_REPORT, COVERAGE_SWEEP)
 BY_NAME = {t.name: t for t in ALL_TABLES}
 
 

@@ -260,6 +260,13 @@ class ModelsConfig:
     # with fewer rows than served_min_rows of a consumer there, its plain VM keeps serving it.
     served_window_hours: float = 48.0
     served_min_rows: int = 5000
+    # A new FM or autoencoder is rolled out in shadow (model/registry.py CodeSpaces): precompute writes
+    # the consumers' code space beside the new one for at most this many hours after the new one's
+    # first run, while the consumers are retrained on it; past that only the new one is written.
+    rollout_overlap_hours: float = 72.0
+    # false: serve the code space of the models named here whatever the consumers read (a replay
+    # pins one model set and serves it)
+    rollout: bool = True
 
     def __post_init__(self):
         if not self.consumers:
@@ -276,13 +283,15 @@ class ModelsConfig:
             raise ConfigError(f"[models] served_window_hours must be > 0, got {self.served_window_hours!r}")
         if not isinstance(self.served_min_rows, int) or self.served_min_rows < 1:
             raise ConfigError(f"[models] served_min_rows must be a positive integer, got {self.served_min_rows!r}")
+        if not self.rollout_overlap_hours >= 0:
+            raise ConfigError(f"[models] rollout_overlap_hours must be >= 0, got {self.rollout_overlap_hours!r}")
         if self.sizes not in MODEL_SIZES:
             raise ConfigError(f"[models] sizes must be one of {', '.join(MODEL_SIZES)}, got {self.sizes!r}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError(f"[models] device must be auto, cpu or cuda[:N], got {self.device!r}")
 
 
-MODEL_SIZES = ("quick", "full")  # the one spelling of model sizes, in config and on every command line
+MODEL_SIZES = ("quick", "full", "tiny")  # the one spelling of model sizes, in config and on every command line
 
 
 @dataclass(frozen=True)

@@ -135,13 +135,18 @@ def utc_naive(ts: pd.Series) -> pd.Series:
     return ts.dt.tz_convert("UTC").dt.tz_localize(None) if ts.dt.tz is not None else ts
 
 
-def served_rows(cfg, start=None, end=None, source: str | None = None, tables_root=None) -> pd.DataFrame:
+def served_rows(cfg, start=None, end=None, source: str | None = None, tables_root=None,
+                table: str = "request_features") -> pd.DataFrame:
     """Labelled candidates of [start, end) (None: unbounded) with the tier and embedding the lookup
     served them (``request_features`` of the lake whose tables are at ``tables_root``, default the
-    config's), and their context from ``request_log``: what a VM fed the served embedding learns from."""
-    path = Path(tables_root) / "request_features" if tables_root is not None else None
-    served = read_table(cfg, "request_features", ["request_id", "item_id", "user_id", "ts", "label", "tier", "embedding"],
-                        None, end, path=path)
+    config's; ``shadow_request_features``: those a rollout's new code space would have served), and
+    their context from ``request_log``: what a VM fed the served embedding learns from."""
+    path = Path(tables_root) / table if tables_root is not None else None
+    columns = ["request_id", "item_id", "user_id", "ts", "label", "tier", "embedding"]
+    try:
+        served = read_table(cfg, table, columns + ["code_version"], None, end, path=path)
+    except pa.ArrowInvalid:  # written before code versions were recorded: every row's is unknown
+        served = read_table(cfg, table, columns, None, end, path=path).assign(code_version=None)
     served["ts"] = utc_naive(served["ts"])
     keep = served["label"].notna()
     if start is not None:
@@ -150,7 +155,9 @@ def served_rows(cfg, start=None, end=None, source: str | None = None, tables_roo
         keep &= served["ts"] < pd.Timestamp(end)
     served = served[keep]
     context = read_table(cfg, "request_log", ["request_id", "item_id", "position", "device", "surface"], source)
-    rows = served.merge(context, on=["request_id", "item_id"], how="left", validate="one_to_one")
+    # a candidate is served once; in shadow, once per code space
+    rows = served.merge(context, on=["request_id", "item_id"], how="left",
+                        validate="one_to_one" if table == "request_features" else "many_to_one")
     unknown = rows["device"].isna() & rows["surface"].isna()
     if unknown.any():
         raise ValueError(f"{int(unknown.sum())} served candidates have no request_log row: "

@@ -16,6 +16,7 @@ loads a version of any FM or VM class (model/interface.py), but only of a class 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 import shutil
@@ -201,13 +202,113 @@ def consumer_name(consumer: str, variant: str = "") -> str:
 def weights_digest(version_folder: str | Path) -> str:
     """The SHA-256 of a version's weights: what identifies the model behind a derived result, even
     where a folder was reused for another training run."""
+    path = Path(version_folder) / "weights.pt"
+    st = path.stat()
+    return _digest(str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+
+
+@functools.lru_cache(maxsize=64)
+def _digest(path: str, *file_stamp) -> str:
+    """Cached by the file's size, times and inode (a rewritten file is read again): each hourly job
+    asks for the same few versions' digests."""
     import hashlib
 
     h = hashlib.sha256()
-    with open(Path(version_folder) / "weights.pt", "rb") as f:
+    with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def code_version(models: dict[str, str]) -> str:
+    """The code space of the embeddings that an FM and autoencoder write: both version folders and
+    their weights' digests, e.g. ``fm/v0003@1a2b3c4d5e6f+autoencoder/v0002@0f9e8d7c6b5a``. Codes of
+    two code spaces are never served, averaged or compared together; a consumer VM reads only the
+    code space it was trained on. The digest tells apart a folder reused for another training run."""
+    fm, ae = Path(models["fm"]), Path(models["autoencoder"])
+    return f"fm/{fm.name}@{weights_digest(fm)[:12]}+autoencoder/{ae.name}@{weights_digest(ae)[:12]}"
+
+
+CODE_VERSION = re.compile(r"fm/(v\d{4})@([0-9a-f]{12})\+autoencoder/(v\d{4})@([0-9a-f]{12})")
+
+
+def code_space_models(root: Path, version: str) -> dict[str, str]:
+    """The FM and autoencoder folders that write the code space ``version``. ``FileNotFoundError``
+    when either is gone or its weights are no longer those the space was named after."""
+    m = CODE_VERSION.fullmatch(version or "")
+    if m is None:
+        raise ValueError(f"{version!r} is not a code version (fm/vNNNN@digest+autoencoder/vNNNN@digest)")
+    models = {"fm": str(resolve(root, "fm", m[1])), "autoencoder": str(resolve(root, "autoencoder", m[3]))}
+    if code_version(models) != version:
+        raise FileNotFoundError(f"the registry's {m[1]} / {m[3]} hold other weights than code space {version}")
+    return models
+
+
+@dataclasses.dataclass(frozen=True)
+class CodeSpaces:
+    """Which code spaces the hourly cycle writes and which it serves.
+
+    ``newest`` is the code space of the FM and autoencoder the config names (``fm_version``,
+    ``ae_version``); ``serving`` the one the consumers read: the code space the verifier consumer's
+    promoted SOLARIS VM was trained on (``newest`` while there is none). While they differ a
+    rollout is under way: precompute writes both (``models``; the consumers' for at most ``[models]
+    rollout_overlap_hours``), publications serve ``serving`` and resolve ``newest`` in shadow, the
+    daily DAG trains the consumers on the shadow rows, and the first publication after their
+    promotion serves ``newest``: one switch, never a mix."""
+
+    serving: str
+    newest: str
+    models: dict[str, dict[str, str]]  # code space -> {"fm", "autoencoder"} folders, for each one that can be written
+    reason: str
+
+    @property
+    def rollout(self) -> bool:
+        return self.serving != self.newest
+
+    @property
+    def shadow(self) -> str | None:
+        """The code space resolved beside the served one for the consumers' next training (None: none)."""
+        return self.newest if self.rollout else None
+
+
+def code_spaces(cfg) -> CodeSpaces:
+    """The code spaces of the config's models and of its consumers (``CodeSpaces``)."""
+    models = resolve_models(cfg)
+    newest = code_version(models)
+    only_newest = {newest: {"fm": models["fm"], "autoencoder": models["autoencoder"]}}
+    if not cfg.models.rollout:
+        return CodeSpaces(newest, newest, only_newest, "the models the config names ([models] rollout = false)")
+    try:
+        serving = consumer_code_version(cfg.models_root, cfg.models.verifier)
+    except LookupError as e:
+        return CodeSpaces(newest, newest, only_newest, f"the newest code space ({e})")
+    if serving == newest:
+        return CodeSpaces(newest, newest, only_newest, "the consumers read the newest code space")
+    try:
+        old = code_space_models(cfg.models_root, serving)
+        sizes = {read_json(m["autoencoder"], "config.json")["config"]["code_dim"] for m in (old, models)}
+        if len(sizes) > 1:  # one lookup answers one code size: such a change is a new deployment
+            raise ValueError(f"its codes are of another size than the newest autoencoder's ({sorted(sizes)})")
+    except (FileNotFoundError, ValueError) as e:
+        return CodeSpaces(serving, newest, only_newest, f"rollout: the consumers' code space can no longer be "
+                                                         f"written ({e}); its rows expire")
+    return CodeSpaces(serving, newest, {**only_newest, serving: old},
+                      "rollout: the consumers' code space is served until consumers of the newest one are promoted")
+
+
+def consumer_code_version(root: Path, consumer: str) -> str:
+    """The code space the promoted SOLARIS VM of ``consumer`` was trained on (its ``window.json``):
+    what the lookup may serve it. ``LookupError`` with the reason when there is none to tell."""
+    name = consumer_name(consumer, "solaris")
+    try:
+        window = read_json(resolve(root, name, "promoted"), "window.json")
+    except FileNotFoundError as e:
+        raise LookupError(f"consumer {consumer!r} has no promoted SOLARIS VM ({name}) under {root}: {e}") from e
+    version = window.get("code_version")
+    if not version:
+        raise LookupError(f"consumer {consumer!r}: its promoted {name} records no code_version (trained before "
+                          "code spaces were recorded); name the code_version in the request or retrain it")
+    return version
 
 
 def resolve_models(cfg) -> dict[str, str]:

@@ -73,9 +73,10 @@ def consumer_rows(cfg, rows: pd.DataFrame, consumer, source: str | None = None) 
 
 def window_rows(cfg, hours: float, until=None, source: str | None = None) -> tuple[pd.DataFrame, dict]:
     """The served rows of the ``hours`` before ``until`` (default: just after the newest served
-    row), and where that window lies. No ``request_features`` table yet is an empty window."""
+    row), and where that window lies; with them, flagged ``shadow``, the rows a rollout's new code
+    space would have served in the same window. No ``request_features`` table yet is an empty window."""
     try:
-        rows = mdata.served_rows(cfg, None, until, source)
+        rows = mdata.served_rows(cfg, None, until, source).assign(shadow=False)
     except FileNotFoundError:
         return pd.DataFrame(), {"from": None, "to": None, "hours": hours}
     end = pd.Timestamp(until) if until is not None else (rows["ts"].max() + pd.Timedelta(microseconds=1)
@@ -83,7 +84,28 @@ def window_rows(cfg, hours: float, until=None, source: str | None = None) -> tup
     if end is None:
         return rows, {"from": None, "to": None, "hours": hours}
     start = end - pd.Timedelta(hours=hours)
+    try:
+        shadow = mdata.served_rows(cfg, start, end, source, table="shadow_request_features").assign(shadow=True)
+        rows = pd.concat([rows, shadow], ignore_index=True) if len(shadow) else rows
+    except FileNotFoundError:  # no rollout ever ran
+        pass
     return rows[rows["ts"] >= start].reset_index(drop=True), {"from": str(start), "to": str(end), "hours": hours}
+
+
+def choose_code_space(rows: pd.DataFrame, newest: str, min_rows: int) -> str:
+    """The code space the consumers are trained on now: the newest that the window holds at least
+    ``min_rows`` rows of, asking first the config's newest, then the spaces resolved in shadow (a
+    rollout's new FM or autoencoder), then those served, the most recently seen first. ``newest``
+    when none has enough (the consumers then keep their VMs, and the log says why)."""
+    if not len(rows) or "code_version" not in rows:
+        return newest
+    known = rows[rows["code_version"].notna()]
+    order = [newest]
+    for shadow in (True, False):
+        seen = known[known["shadow"] == shadow].groupby("code_version")["ts"].max().sort_values(ascending=False)
+        order += [v for v in seen.index if v not in order]
+    counts = known["code_version"].value_counts()
+    return next((v for v in order if counts.get(v, 0) >= min_rows), newest)
 
 
 def train_consumers(cfg, ec, source: str | None = None, until=None, log=print) -> dict:
@@ -96,9 +118,34 @@ def train_consumers(cfg, ec, source: str | None = None, until=None, log=print) -
     t0 = time.perf_counter()
     m = cfg.models
     choice = ModelChoice.from_config(cfg)
-    dim = int(registry.read_json(registry.resolve(cfg.models_root, "autoencoder", m.ae_version), "config.json")
-              ["config"]["code_dim"])
+    try:
+        newest = registry.code_version(registry.resolve_models(cfg))
+    except FileNotFoundError as e:  # e.g. fm_version = "promoted" before anything was promoted
+        why = f"no model set whose codes it could learn yet: {e}"
+        log(f"  consumers not trained: {why}")
+        return {"models": {}, "window": {}, "seconds": round(time.perf_counter() - t0, 1),
+                "decisions": [{"consumer": c.name, "model": consumer_name(c.name, "solaris"), "trained": False,
+                               "rows": 0, "reason": why} for c in choice.consumers]}
     rows, window = window_rows(cfg, m.served_window_hours, until, source)
+    # A consumer learns one code space: in a rollout the new one, from the rows it would have served
+    # (shadow), once there are enough; rows of other spaces (or from before code versions were
+    # recorded) are not its input
+    version = choose_code_space(rows, newest, m.served_min_rows)
+    try:
+        space_models = registry.code_space_models(cfg.models_root, version)
+    except (FileNotFoundError, ValueError):
+        space_models = registry.resolve_models(cfg)  # (then too few rows of it: nothing is trained)
+    dim = int(registry.read_json(space_models["autoencoder"], "config.json")["config"]["code_dim"])
+    if len(rows):
+        other_version = rows["code_version"].ne(version).to_numpy() if "code_version" in rows else np.ones(len(rows), bool)
+        window["rows_shadow"] = int((rows["shadow"].to_numpy() & ~other_version).sum())
+        rows = rows[~other_version].reset_index(drop=True)
+        window["rows_other_code_version"] = int(other_version.sum())
+    window["code_version"] = version
+    if window.get("rows_shadow") or version != newest:
+        log(f"  rollout: the consumers learn code space {version} ({window.get('rows_shadow', 0):,} of its rows "
+            f"resolved in shadow)" + ("" if version == newest else
+                                      f"; the newest, {newest}, has fewer than [models] served_min_rows in the window yet"))
     events = items = None
     saved, decisions = {}, []
     for c in choice.consumers:
@@ -121,7 +168,7 @@ def train_consumers(cfg, ec, source: str | None = None, until=None, log=print) -
         vm, result = train_on_served(c, mine, events, items, dim, ec, m.device, log)
         result["rows_other_code_size"] = other_size
         trained_window = {**result.pop("window"), "served_window": window, "trained_on": TRAINED_ON,
-                          "consumer": c.name, "source": source}
+                          "code_version": version, "consumer": c.name, "source": source}
         vocab = {"vocab.json": json.dumps(result.pop("vocab").values)}
         saved[name] = str(registry.save(cfg.models_root, name, vm, result, trained_window, vocab))
         log(f"  {name}: trained on {len(mine):,} served rows, test NE {result['ne']:.4f} against the plain VM's "

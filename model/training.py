@@ -57,9 +57,16 @@ QUICK = ModelSetConfig(history_len=20, fm_dim=32, fm_layers=1, fm_trunk=128, fm_
                        ae_train=TrainConfig(epochs=20))
 
 
+# tiny: seconds on two cores, to run a deployment's DAGs end to end (the test suite's model set); no
+# figure it gives means anything
+TINY = replace(QUICK, history_len=5, fm_dim=8, fm_trunk=32, fm_embedding=16, code_dim=4,
+               fm_train=TrainConfig(epochs=1, batch_size=256), vm_train=TrainConfig(epochs=1, batch_size=256),
+               ae_train=TrainConfig(epochs=1, batch_size=256))
+
+
 def model_set(sizes: str) -> ModelSetConfig:
-    """The model set of a size name: ``quick`` or ``full`` (the ``[models] sizes`` values)."""
-    sets = {"quick": QUICK, "full": ModelSetConfig()}
+    """The model set of a size name: ``quick``, ``full`` or ``tiny`` (the ``[models] sizes`` values)."""
+    sets = {"quick": QUICK, "full": ModelSetConfig(), "tiny": TINY}
     if sizes not in sets:
         raise ValueError(f"model sizes must be one of {', '.join(sets)}, got {sizes!r}")
     return sets[sizes]

@@ -42,12 +42,14 @@ class RunCounters:
     vm_version: str
     fm_version: str
     seconds: float
+    rollout_code_version: str | None = None  # the consumers' code space, also written during a rollout
     stage_seconds: tuple[tuple[str, float], ...] = ()  # printed, not stored: where the time went
 
     def lines(self) -> list[str]:
         return [f"precompute run {self.run_id} (window {self.interval_start} .. {self.interval_end}) in {self.seconds:.1f} s",
                 *(f"  {k:<18} {v:>12,}" for k, v in asdict(self).items() if isinstance(v, int)),
-                f"  verifier {self.vm_version}; embeddings by {self.fm_version}",
+                f"  verifier {self.vm_version}; embeddings by {self.fm_version}"
+                + (f", and by {self.rollout_code_version} for its consumers (rollout)" if self.rollout_code_version else ""),
                 "  seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in self.stage_seconds)]
 
     def row(self) -> dict:
@@ -70,12 +72,18 @@ def run(spark, cfg, t: datetime) -> RunCounters:
     pc, db = cfg.precompute, cfg.lake.database
     start = speculate.window_start(pc, t)
     models = registry.resolve_models(cfg)  # fails here, before any work, if a checkpoint is missing
-    ae = registry.load(models["autoencoder"], EmbeddingAutoencoder, AEConfig)  # and here if it does not match
-    # and here if the config does not allow the classes the versions hold
-    fm_cls = interface.fm_class(registry.stored_class(models["fm"]), cfg.allowed_classes)
     interface.vm_class(registry.stored_class(models["vm"]), cfg.allowed_classes)
-    fm_version = f"fm/{models['fm'].rsplit('/', 1)[-1]}+autoencoder/{models['autoencoder'].rsplit('/', 1)[-1]}"
     run_id = lake.run_id(t)
+    ensure_tables(spark, cfg, (PRECOMPUTE_RUNS,))
+    spaces = written_spaces(spark, cfg, t)  # the code spaces this run writes: the newest, and in a rollout the consumers'
+    fm_version = spaces.newest
+    rollout_version = next((v for v in spaces.models if v != fm_version), None)
+    writers = {}
+    for version, paths in spaces.models.items():
+        ae = registry.load(paths["autoencoder"], EmbeddingAutoencoder, AEConfig)  # fails here if it does not match
+        # and here if the config does not allow the class the version holds
+        fm_cls = interface.fm_class(registry.stored_class(paths["fm"]), cfg.allowed_classes)
+        writers[version] = (paths, fm_cls, ae.cfg.code_dim)
     specs = (REQUEST_LOG, USER_EVENTS, ITEMS, PAIR_EMBEDDINGS, VERIFIER_SCORES, MISS_QUEUE, MISS_CONSUMPTION,
              PRECOMPUTE_RUNS)
     ensure_tables(spark, cfg, specs)
@@ -88,7 +96,10 @@ def run(spark, cfg, t: datetime) -> RunCounters:
     stored = spark.table(name["pair_embeddings"])
     # Fresh = computed before t and still valid after it. Rows computed at t are this run's own
     # (from an earlier attempt at the same interval); counting them would make a rerun differ.
-    fresh = stored.where((F.col("computed_at") < F.lit(t)) & (F.col("expires_at") > F.lit(t))) \
+    # Fresh in the newest code space: in a rollout a pair the consumers' space has fresh is chosen
+    # anew, and written in both.
+    fresh = stored.where((F.col("computed_at") < F.lit(t)) & (F.col("expires_at") > F.lit(t))
+                         & (F.col("model_version") == F.lit(fm_version))) \
         .select("user_id", "item_id", "expires_at")
 
     cands = speculate.candidates(window, queue, pc)
@@ -103,15 +114,20 @@ def run(spark, cfg, t: datetime) -> RunCounters:
 
     audit = spark.table(name["verifier_scores"]).where(F.col("run_id") == run_id)
     selected = audit.where("selected").select("user_id", "item_id", "device", "surface")
-    fm_cfg = registry.read_json(models["fm"], "config.json")["config"]
-    pairs = embed_pairs.with_fm_inputs(selected, spark.table(name["user_events"]), spark.table(name["items"]), t,
-                                       fm_cfg["history_len"], fm_cfg["horizon_hours"], fm_cls.inputs)
     device, task_gpus = embed_pairs.fm_device(cfg)
-    embedded = embed_pairs.embed(pairs, models["fm"], models["autoencoder"], t, device, cfg.allowed_classes,
-                                 task_gpus)
-    rows = embed_pairs.to_rows(embedded, t, pc.ttl_hours, fm_version, run_id).persist()
+    rows = None
+    for version, (paths, fm_cls, code_dim) in writers.items():
+        fm_cfg = registry.read_json(paths["fm"], "config.json")["config"]
+        pairs = embed_pairs.with_fm_inputs(selected, spark.table(name["user_events"]), spark.table(name["items"]), t,
+                                           fm_cfg["history_len"], fm_cfg["horizon_hours"], fm_cls.inputs)
+        embedded = embed_pairs.embed(pairs, paths["fm"], paths["autoencoder"], t, device, cfg.allowed_classes,
+                                     task_gpus)
+        written = embed_pairs.to_rows(embedded, t, pc.ttl_hours, version, run_id)
+        rows = written if rows is None else rows.unionByName(written)
+    rows = rows.persist()
     try:
-        embed_pairs.check_embeddings(rows, ae.cfg.code_dim)
+        for version, (_, _, code_dim) in writers.items():
+            embed_pairs.check_embeddings(rows.where(F.col("model_version") == version), code_dim)
         n_embedded = rows.count()
         lap("embed")  # the FM inputs built, the FM and autoencoder run: the rows are cached here
         lake.upsert(spark, cfg, PAIR_EMBEDDINGS, rows)
@@ -136,11 +152,31 @@ def run(spark, cfg, t: datetime) -> RunCounters:
                            pairs_selected=counts.selected or 0, already_fresh=counts.fresh or 0,
                            pairs_embedded=n_embedded, expired_removed=expired, queue_in=counts.queue_in or 0,
                            queue_waiting=waiting, queue_pruned=pruned, vm_version="/".join(models["vm"].rsplit("/", 2)[-2:]),
-                           fm_version=fm_version, seconds=round(time.perf_counter() - started, 2))
+                           fm_version=fm_version, seconds=round(time.perf_counter() - started, 2),
+                           rollout_code_version=rollout_version)
     row = conform(spark.createDataFrame([counters.row()], PRECOMPUTE_RUNS.schema()), PRECOMPUTE_RUNS)
     lake.upsert(spark, cfg, PRECOMPUTE_RUNS, row)
     lap("counters")
     return replace(counters, stage_seconds=tuple(stages))
+
+
+def written_spaces(spark, cfg, t: datetime):
+    """The code spaces the run at t writes (``model.registry.CodeSpaces``): in a rollout, the
+    consumers' beside the newest until ``[models] rollout_overlap_hours`` after the first run that
+    wrote the newest one (from ``precompute_runs``: a rerun decides the same)."""
+    from model import registry
+
+    spaces = registry.code_spaces(cfg)
+    if len(spaces.models) < 2:
+        return spaces
+    first = (spark.table(qualified_name(PRECOMPUTE_RUNS, cfg.lake.database))
+             .where((F.col("fm_version") == spaces.newest) & (F.col("interval_end") < F.lit(t)))
+             .agg(F.min("interval_end")).first()[0])
+    overlap = timedelta(hours=cfg.models.rollout_overlap_hours)
+    if first is not None and t - first >= overlap:
+        return replace(spaces, models={spaces.newest: spaces.models[spaces.newest]},
+                       reason=f"rollout past its overlap ({overlap} since {first}): only the newest code space is written")
+    return spaces
 
 
 def expire(spark, cfg, t: datetime) -> int:

@@ -24,11 +24,16 @@ SERVING_TABLES = (PAIR_EMBEDDINGS, USER_MEAN_EMBEDDINGS, USER_NEIGHBORS, ITEM_ME
 
 def run(spark, cfg, t: datetime) -> dict:
     ensure_tables(spark, cfg, (*SERVING_TABLES, FEATURE_VERSIONS))
-    row = {"run_id": lake.run_id(t), "interval_end": t, "published_at": lake.utc_now()}  # wall clock: when, not what
+    from model import registry
+
+    spaces = registry.code_spaces(cfg)
+    row = {"run_id": lake.run_id(t), "interval_end": t, "published_at": lake.utc_now(),  # wall clock: when, not what
+           # the code space the snapshot serves (its consumers'): readers take only its rows from the
+           # tables; in a rollout the new one is resolved in shadow for their next training
+           "code_version": spaces.serving, "shadow_code_version": spaces.shadow}
     for spec in SERVING_TABLES:
         row[f"{spec.name}_version"] = lake.latest_version(spark, cfg, spec)
-    df = conform(spark.createDataFrame([row]).withColumn("interval_end", F.col("interval_end").cast("timestamp")),
-                 FEATURE_VERSIONS)
+    df = conform(spark.createDataFrame([row], FEATURE_VERSIONS.schema()), FEATURE_VERSIONS)  # typed: NULLs included
     lake.upsert(spark, cfg, FEATURE_VERSIONS, df)
     return {k: v for k, v in row.items() if k != "published_at"}
 

@@ -23,15 +23,17 @@ from pyspark.sql import functions as F
 
 from feature_store import lake
 from feature_store.resolution import TIERS
-from feature_store.tables import (MISS_QUEUE, REQUEST_FEATURES, REQUEST_LOG, conform, ensure_tables,
-                                  in_time_range, qualified_name)
+from feature_store.tables import (MISS_QUEUE, REQUEST_FEATURES, REQUEST_LOG, SHADOW_REQUEST_FEATURES, conform,
+                                  ensure_tables, in_time_range, qualified_name)
 
 
 def resolve(requests: DataFrame, publications: list[dict], tables_root: str, dim: int) -> DataFrame:
-    """Add tier, embedding and snapshot_run_id to rows with user_id, item_id, ts; pure given the tables."""
+    """Add tier, embedding, snapshot_run_id and code_version to rows with user_id, item_id, ts; pure
+    given the tables."""
     ends = [p["interval_end"] for p in publications]
     versions = [tuple(sorted((k, v) for k, v in p.items() if k.endswith("_version"))) for p in publications]
     run_ids = [p["run_id"] for p in publications]
+    code_versions = [p.get("code_version") for p in publications]
 
     def fn(batches):
         import numpy as np
@@ -50,10 +52,12 @@ def resolve(requests: DataFrame, publications: list[dict], tables_root: str, dim
                 emb[rows], tier[rows] = snap.resolve(pdf["user_id"].to_numpy()[rows], pdf["item_id"].to_numpy()[rows],
                                                      pdf["ts"].to_numpy()[rows])
             yield pdf.assign(tier=np.asarray(TIERS, dtype=object)[tier], embedding=list(emb),
-                             snapshot_run_id=[run_ids[w] if w >= 0 else None for w in which])
+                             snapshot_run_id=[run_ids[w] if w >= 0 else None for w in which],
+                             code_version=[code_versions[w] if w >= 0 else None for w in which])
 
     schema = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in requests.schema.fields)
-    return requests.mapInPandas(fn, f"{schema}, tier string, embedding array<float>, snapshot_run_id string")
+    return requests.mapInPandas(fn, f"{schema}, tier string, embedding array<float>, snapshot_run_id string, "
+                                    f"code_version string")
 
 
 def run(spark, cfg, start: datetime, end: datetime, record_misses: bool = False, dim: int | None = None) -> dict:
@@ -84,12 +88,44 @@ def run(spark, cfg, start: datetime, end: datetime, record_misses: bool = False,
             lake.upsert(spark, cfg, MISS_QUEUE, conform(misses, MISS_QUEUE), update=False)  # a queued miss stays as it is
     finally:
         rows.unpersist()
+    shadow_rows = resolve_shadow(spark, cfg, requests, pubs, start, end, dim)
     total = sum(by_tier.values())
     return {"interval": f"{start.isoformat()} .. {end.isoformat()}", "candidates": total,
             **{f"tier_{t}": by_tier.get(t, 0) for t in TIERS},
             # publications before the interval's end; a request reads the newest one before it
             "misses_queued": queued, "snapshots_published": len(pubs),
+            # in a rollout: candidates resolved in the new code space too (shadow_request_features)
+            **({"shadow_candidates": shadow_rows} if shadow_rows is not None else {}),
             "seconds": round(time.perf_counter() - started, 2)}
+
+
+def resolve_shadow(spark, cfg, requests: DataFrame, pubs: list[dict], start: datetime, end: datetime,
+                   dim: int) -> int | None:
+    """In a rollout, what the new code space would have served each candidate whose publication
+    resolved one in shadow (``shadow_code_version``), written to ``shadow_request_features``: the
+    rows the consumers of the new FM or autoencoder learn from. Returns the rows written (None:
+    no shadow here and no shadow table to keep in step)."""
+    name = qualified_name(SHADOW_REQUEST_FEATURES, cfg.lake.database)
+    shadowed = [i for i, p in enumerate(pubs) if p.get("shadow_code_version")]
+    if not shadowed and not spark.catalog.tableExists(name):
+        return None
+    ensure_tables(spark, cfg, (SHADOW_REQUEST_FEATURES,))
+    # the requests whose newest publication had a shadow: [its interval end, the next one's)
+    ts = F.col("ts")
+    during = F.lit(False)
+    for i in shadowed:
+        until = pubs[i + 1]["interval_end"] if i + 1 < len(pubs) else end
+        during = during | ((ts >= F.lit(pubs[i]["interval_end"])) & (ts < F.lit(until)))
+    as_shadow = [{**{k: v for k, v in p.items() if k != "shadow_code_version"}, "code_version": p.get("shadow_code_version")}
+                 for p in pubs]
+    rows = conform(resolve(requests.where(during), as_shadow, str(cfg.lake.tables_path), dim)
+                   .withColumn("date", F.to_date("ts")), SHADOW_REQUEST_FEATURES).persist()
+    try:
+        n = rows.count()
+        lake.replace(cfg, SHADOW_REQUEST_FEATURES, rows, f"ts >= '{start}' AND ts < '{end}'")  # a rerun: the same rows
+    finally:
+        rows.unpersist()
+    return n
 
 
 def main(argv: list[str] | None = None) -> int:

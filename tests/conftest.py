@@ -12,6 +12,7 @@ import pytest
 
 from include.config import SolarisConfig
 from include.spark import ensure_database
+from model.training import TINY  # the model set every module that needs trained models uses (seconds on two cores)
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATASETS = ROOT.parent / "shared" / "datasets"
@@ -59,19 +60,6 @@ def spark(lake_root):
     session.stop()
 
 
-# The tiny model set every module that needs trained models uses (seconds on two cores).
-def _tiny():
-    from dataclasses import replace
-
-    from model import training
-    from model.train import TrainConfig
-
-    return replace(training.QUICK, history_len=5, fm_dim=8, fm_trunk=32, fm_embedding=16, code_dim=4,
-                   fm_train=TrainConfig(epochs=1, batch_size=256), vm_train=TrainConfig(epochs=1, batch_size=256),
-                   ae_train=TrainConfig(epochs=1, batch_size=256))
-
-
-TINY = _tiny()
 # The synthetic impression world of the shared lake: 2026-01-05 00:00 .. 12:00.
 BASE_LOG = dict(users=120, items=50, hours=12, visits_per_hour=20, shown=5)
 

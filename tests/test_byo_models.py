@@ -219,7 +219,7 @@ def test_the_daily_dag_trains_and_gates_every_declared_consumer(plugged, trained
     airflow = [sys.executable, "-m", "airflow"]
     p = subprocess.run(airflow + ["db", "migrate"], env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
-    p = subprocess.run(airflow + ["dags", "test", "solaris_train", "2026-01-06", "-c", '{"sizes": "quick"}'],
+    p = subprocess.run(airflow + ["dags", "test", "solaris_train", "2026-01-06", "-c", '{"sizes": "tiny"}'],
                        env=env, capture_output=True, text=True, timeout=1800, cwd=ROOT)
     out = p.stdout + p.stderr
     assert p.returncode == 0 and "state=success" in out.replace("state: success", "state=success"), out[-5000:]
@@ -228,8 +228,8 @@ def test_the_daily_dag_trains_and_gates_every_declared_consumer(plugged, trained
         assert (root / name / "v0002").is_dir(), f"{name} was not trained by the DAG"
         assert (root / name / "PROMOTED").read_text().strip() in ("v0001", "v0002")
         assert f"{name} v0002: " in out  # the gate's decision, logged
-    # one hourly cycle served too few rows to learn from (and those of the tiny autoencoder's size, not
-    # the size of the one this DAG trained): the plain VMs keep serving, and the log says so
+    # one hourly cycle served too few rows to learn from (and those in the code space this DAG just
+    # replaced): the plain VMs keep serving, and the log says so
     for consumer in ("click", "cvr"):
         assert not (root / f"vm_{consumer}_solaris").exists()
         assert re.search(rf"vm_{consumer}_solaris: not trained - [\d,]+ served rows of consumer '{consumer}' in the "

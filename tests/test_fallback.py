@@ -179,17 +179,24 @@ def test_user_means_exclude_and_count_bad_embeddings(spark, make_cfg):
     t = T
     good, same = [1.0, 2.0], [3.0, 3.0]
     spark.createDataFrame(
-        [("one", "i1", good), ("flat", "i1", same), ("flat", "i2", same), ("nan", "i1", [float("nan"), 1.0]),
-         ("nan", "i2", [2.0, 2.0]), ("short", "i1", [1.0])],
-        "user_id string, item_id string, embedding array<float>") \
-        .withColumn("model_version", F.lit("m")).withColumn("computed_at", F.lit(t).cast("timestamp")) \
+        [("one", "i1", good, "m"), ("flat", "i1", same, "m"), ("flat", "i2", same, "m"),
+         ("nan", "i1", [float("nan"), 1.0], "m"), ("nan", "i2", [2.0, 2.0], "m"), ("short", "i1", [1.0], "m"),
+         ("one", "i2", [9.0, 9.0], "another FM")],  # a code of another code space: never averaged in
+        "user_id string, item_id string, embedding array<float>, model_version string") \
+        .withColumn("computed_at", F.lit(t).cast("timestamp")) \
         .withColumn("expires_at", F.lit(t + timedelta(hours=6)).cast("timestamp")) \
         .withColumn("run_id", F.lit(t.isoformat())) \
         .write.format("delta").mode("append").saveAsTable(f"{cfg.lake.database}.pair_embeddings")
-    c = user_means.run(spark, cfg, t, dim=2)
-    assert (c["pairs_of_run"], c["excluded_invalid"], c["users_updated"]) == (6, 2, 3)
+    c = user_means.run(spark, cfg, t, code_versions={"m": 2})
+    assert (c["pairs_of_run"], c["excluded_invalid"], c["excluded_other_code_version"], c["users_updated"]) == (7, 2, 1, 3)
+    assert {r.code_version for r in tbl(spark, cfg, "user_mean_embeddings").collect()} == {"m"}
     got = {r.user_id: (list(r.embedding), r.pair_count) for r in tbl(spark, cfg, "user_mean_embeddings").collect()}
     assert got == {"one": (good, 1), "flat": (same, 2), "nan": ([2.0, 2.0], 1)}  # one pair; zero variance; NaN dropped
+    # in a rollout both code spaces get means, each of its own codes only, one row per user and space
+    c = user_means.run(spark, cfg, t, code_versions={"m": 2, "another FM": 2})
+    assert (c["excluded_invalid"], c["excluded_other_code_version"], c["users_updated"]) == (2, 0, 4)
+    got = {(r.user_id, r.code_version): list(r.embedding) for r in tbl(spark, cfg, "user_mean_embeddings").collect()}
+    assert got == {("one", "m"): good, ("flat", "m"): same, ("nan", "m"): [2.0, 2.0], ("one", "another FM"): [9.0, 9.0]}
 
 
 def test_neighbors_with_nobody_to_borrow_from_or_k_above_the_user_count():

@@ -45,14 +45,15 @@ def test_each_room_imports_only_what_it_may():
 
 def test_the_lookup_side_of_feature_store_uses_only_torch_free_model_modules():
     # The online lookup must start without torch: of model/, feature_store reads the tier names and
-    # the registry's model sizes only, and importing those loads no torch.
+    # the registry's model sizes and a consumer's code space only, and importing those loads no torch.
     import subprocess
     import sys
 
     used = {n for names in imports("feature_store").values() for n in names if n.startswith("model")}
     assert used <= {"model.tiers", "model.tiers.TIERS", "model.tiers.EXACT", "model.tiers.USER_MEAN",
                     "model.tiers.NEIGHBOR", "model.tiers.NONE", "model.tiers.ITEM_MEAN",
-                    "model.tiers.ORDER", "model.registry", "model.registry.code_dim"}, used
+                    "model.tiers.ORDER", "model.registry", "model.registry.code_dim",
+                    "model.registry.consumer_code_version"}, used
     assert "import" not in (ROOT / "model" / "tiers.py").read_text().split('"""', 2)[2]
     code = ("import sys, feature_store.serve, feature_store.online, feature_store.redis_store, model.registry; "
             "print('torch' in sys.modules)")

@@ -1,6 +1,7 @@
 """The FM, autoencoder and VM modules, the registry, and a tiny end-to-end training run."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -86,6 +87,22 @@ def test_registry_round_trip_and_versions(tmp_path):
         registry.resolve(tmp_path, "ae", "promoted")
     registry.promote(tmp_path, "ae", "v0001")
     assert registry.resolve(tmp_path, "ae", "promoted") == p1
+
+
+def test_a_code_space_is_named_by_both_versions_and_their_weights(tmp_path):
+    """Two trainings that reuse one folder name (a registry rebuilt) are two code spaces."""
+    import shutil
+
+    torch.manual_seed(0)
+    fm = registry.save(tmp_path, "fm", EmbeddingAutoencoder(AEConfig(input_dim=8, code_dim=4)), {}, {})
+    ae = registry.save(tmp_path, "autoencoder", EmbeddingAutoencoder(AEConfig(input_dim=8, code_dim=4)), {}, {})
+    version = registry.code_version({"fm": str(fm), "autoencoder": str(ae)})
+    assert re.fullmatch(r"fm/v0001@[0-9a-f]{12}\+autoencoder/v0001@[0-9a-f]{12}", version), version
+    assert registry.code_version({"fm": str(fm), "autoencoder": str(ae)}) == version  # the same weights, the same space
+    shutil.rmtree(ae)
+    registry.save(tmp_path, "autoencoder", EmbeddingAutoencoder(AEConfig(input_dim=8, code_dim=4)), {}, {})
+    again = registry.code_version({"fm": str(fm), "autoencoder": str(ae)})
+    assert again != version and again.split("@")[0] == version.split("@")[0]  # same folder names, other weights
 
 
 def test_a_config_field_added_since_the_checkpoint_takes_its_default(tmp_path):
@@ -225,3 +242,46 @@ def test_vm_config_values_are_checked():
         VerticalModel(VMConfig(**SIZES, hour_encoding="weekly"))
     with pytest.raises(ValueError, match="id_dropout"):
         VerticalModel(VMConfig(**SIZES, id_dropout=1.0))
+
+
+def test_code_spaces_follow_the_consumers_through_a_rollout(tmp_path):
+    """No SOLARIS consumer yet: the newest space is served. A consumer trained on space A keeps A
+    served when a new FM arrives, with both written and the new one in shadow; its promotion on the
+    new space ends the rollout. A consumers' space that cannot be written (another code size) is
+    still served, but only the newest is written."""
+    from include.config import SolarisConfig
+
+    torch.manual_seed(0)
+    cfg = SolarisConfig().with_overrides(models={"root": str(tmp_path)})
+
+    def save(name, code_dim=4, window=None):
+        return registry.save(tmp_path, name, EmbeddingAutoencoder(AEConfig(input_dim=8, code_dim=code_dim)), {},
+                             window or {})
+
+    save("vm_click"), save("fm"), save("autoencoder")
+    a = registry.code_version(registry.resolve_models(cfg))
+    spaces = registry.code_spaces(cfg)
+    assert (spaces.serving, spaces.newest, list(spaces.models), spaces.shadow) == (a, a, [a], None)
+    assert "no promoted SOLARIS VM" in spaces.reason
+
+    registry.promote(tmp_path, "vm_click_solaris", save("vm_click_solaris", window={"code_version": a}).name)
+    assert registry.code_spaces(cfg).serving == a and not registry.code_spaces(cfg).rollout
+    save("fm")  # the daily DAG trains a new FM: a new code space, rolled out in shadow
+    b = registry.code_version(registry.resolve_models(cfg))
+    spaces = registry.code_spaces(cfg)
+    assert b != a and (spaces.serving, spaces.newest, spaces.shadow) == (a, b, b)
+    assert spaces.models[a] == {"fm": str(tmp_path / "fm" / "v0001"), "autoencoder": str(tmp_path / "autoencoder" / "v0001")}
+    assert set(spaces.models) == {a, b}
+
+    registry.promote(tmp_path, "vm_click_solaris", save("vm_click_solaris", window={"code_version": b}).name)
+    spaces = registry.code_spaces(cfg)
+    assert (spaces.serving, spaces.newest, list(spaces.models), spaces.rollout) == (b, b, [b], False)
+
+    save("autoencoder", code_dim=6)  # another code size: no shadow, the consumers' space only expires
+    spaces = registry.code_spaces(cfg)
+    assert spaces.serving == b and spaces.newest != b and list(spaces.models) == [spaces.newest]
+    assert "another size" in spaces.reason
+    with pytest.raises(LookupError, match="'ads' has no promoted SOLARIS VM"):
+        registry.consumer_code_version(tmp_path, "ads")
+    with pytest.raises(FileNotFoundError, match="hold other weights"):
+        registry.code_space_models(tmp_path, a.replace(a.split("@")[1][:12], "0" * 12))

@@ -49,3 +49,17 @@ def test_a_version_trained_on_oracle_codes_is_replaced_by_the_first_served_one(t
     served = decide(tmp_path, name, save(tmp_path, name, 0.93, ne_vm=0.94, trained_on=promotion.SERVED))
     assert served["promoted"] and served["previous"] == "v0001"
     assert "trained on the request log, this one on request_features" in served["reason"]
+
+
+def test_consumers_wait_for_a_promoted_model_set_with_a_clear_reason(tmp_path):
+    """``fm_version = "promoted"`` on a registry where nothing was promoted yet (the first daily
+    run trains, then promotes): the consumers' served training says so instead of failing the DAG."""
+    from include.config import SolarisConfig
+    from model import served_training, training
+
+    cfg = SolarisConfig().with_overrides(models={"root": str(tmp_path), "fm_version": "promoted",
+                                                 "ae_version": "promoted"})
+    registry.save(tmp_path, "vm_click", VerticalModel(VMConfig(n_users=3, n_items=3, n_devices=3, n_surfaces=3)), {}, {})
+    out = served_training.train_consumers(cfg, training.TINY, log=lambda *_: None)
+    assert out["models"] == {} and [d["trained"] for d in out["decisions"]] == [False]
+    assert "no promoted version of model 'fm'" in out["decisions"][0]["reason"]

@@ -132,3 +132,33 @@ def test_tier_codes_are_stable_and_every_tier_is_tried():
 
     assert TIERS[:4] == ("exact", "user_mean", "neighbor", "none")  # the codes clients already decode
     assert sorted(ORDER) == sorted(TIERS) and ORDER[0] == "exact" and ORDER[-1] == "none"
+
+
+def test_a_snapshot_of_one_code_space_reads_only_its_rows(tmp_path):
+    """A publication names its code space: codes of another FM or autoencoder (or written before
+    code spaces were recorded) are never read into it, in any tier; one without a code space (an
+    older publication) reads every row, as before."""
+    from deltalake import write_deltalake
+
+    from feature_store.resolution import ITEM_MEAN
+
+    a, b = "fm/v0002@aaaa+autoencoder/v0002@aaaa", "fm/v0001@bbbb+autoencoder/v0001@bbbb"
+    write_deltalake(str(tmp_path / "pair_embeddings"), pairs([("u", "i1", [1, 0], *LIVE), ("u", "i2", [0, 2], *LIVE)])
+                    .append_column("model_version", pa.array([a, b])))
+    write_deltalake(str(tmp_path / "user_mean_embeddings"), means([("u", [3, 3], *LIVE), ("v", [4, 4], *LIVE)])
+                    .append_column("code_version", pa.array([b, a])))
+    # written before the table had code_version: its rows are of no known code space
+    write_deltalake(str(tmp_path / "item_mean_embeddings"), means([("i3", [5, 5], *LIVE)]).rename_columns(
+        ["item_id", "embedding", "computed_at", "expires_at"]))
+    versions = {"pair_embeddings_version": 0, "user_mean_embeddings_version": 0, "item_mean_embeddings_version": 0}
+
+    snap = Snapshot.load(tmp_path, versions | {"code_version": a}, dim=2)
+    assert snap.code_version == a
+    emb, tier = snap.resolve(["u", "u", "v", "u"], ["i1", "i2", "i9", "i3"], T)
+    # u's i2 and u's mean are of the other code space, i3's item mean of none: zeros, not their codes
+    assert tier.tolist() == [EXACT, NONE, USER_MEAN, NONE]
+    np.testing.assert_array_equal(emb, [[1, 0], [0, 0], [4, 4], [0, 0]])
+
+    every = Snapshot.load(tmp_path, versions, dim=2)
+    assert every.code_version is None
+    assert every.resolve(["u", "u"], ["i2", "i3"], T)[1].tolist() == [EXACT, ITEM_MEAN]

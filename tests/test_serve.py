@@ -17,7 +17,7 @@ from deltalake import DeltaTable, write_deltalake
 from feature_store.client import LookupClient, LookupFailed
 from feature_store.online import OnlineStore
 from feature_store.resolution import Snapshot
-from feature_store.serve import LookupServer
+from feature_store.serve import ConsumerCodeSpaces, LookupServer
 from feature_store.wire import decode_binary, encode_binary
 
 T = datetime(2026, 1, 5, 12)
@@ -53,14 +53,17 @@ def neighbor_table(rows, t=T):
                      "run_id": pa.array([t.isoformat()] * len(rows))})
 
 
-def publish(root, run_id, t=T):
+def publish(root, run_id, t=T, code_version=None, shadow_code_version=None):
     versions = {f"{n}_version": DeltaTable(str(root / n)).version()
                 for n in ("pair_embeddings", "user_mean_embeddings", "user_neighbors", "item_mean_embeddings")
                 if (root / n).exists()}
     write_deltalake(str(root / "feature_versions"), pa.table({
         "run_id": [run_id], "interval_end": pa.array([t], TS),
         **{k: pa.array([v], pa.int64()) for k, v in versions.items()},
-        "published_at": pa.array([datetime.now()], TS)}), mode="append")
+        "published_at": pa.array([datetime.now()], TS),
+        **({"code_version": [code_version]} if code_version else {}),
+        **({"shadow_code_version": [shadow_code_version]} if shadow_code_version else {})}), mode="append",
+        schema_mode="merge")
     return versions
 
 
@@ -131,6 +134,79 @@ def test_lookup_over_http_matches_the_snapshot(server, tables, binary):
             np.testing.assert_array_equal(emb, want_emb)
             assert tiers == [("exact", "user_mean", "neighbor", "none")[t] for t in want_tiers]
     assert set(tiers) == {"none"}  # the unknown user
+
+
+def test_a_caller_of_another_code_space_is_answered_none_and_counted(tmp_path):
+    """A publication names its code space: its codes go only to a caller that reads that space (or
+    names none); a caller of another space gets tier none for every item, counted in /v1/status.
+    Rows of no known space (a mean table written before code spaces) are not served in it."""
+    from tests.conftest import api
+
+    root = tmp_path / "tables"
+    write_version(root, seed=1)  # pair rows of code space "m"; the means table has no code_version
+    publish(root, "2026-01-05T12:00:00", code_version="m")
+    empty_miss_queue(root / "miss_queue")
+    # the registry: consumer "click" was trained on space "m", consumer "ads" on an older one
+    models = tmp_path / "models"
+    for consumer, space in (("click", "m"), ("ads", "fm/v0001@old+autoencoder/v0001@old")):
+        version = models / f"vm_{consumer}_solaris" / "v0001"
+        version.mkdir(parents=True)
+        (version / "weights.pt").write_bytes(b"")  # the lookup reads only the promoted version's window
+        (version / "window.json").write_text(json.dumps({"code_version": space}))
+        (models / f"vm_{consumer}_solaris" / "PROMOTED").write_text("v0001")
+    store = OnlineStore(root, poll_seconds=0.2, miss_flush_seconds=0.2).start()
+    with serving(store, allow_client_now=True, consumers=ConsumerCodeSpaces(models, 0.0)) as srv, \
+            LookupClient(srv.url) as c:
+        for ask in ({"code_version": "m"}, {}, {"consumer": "click"}):
+            emb, tiers, _ = c.lookup("u3", ["i21", "i0"], NOW, **ask)
+            assert tiers == ["exact", "none"] and np.abs(emb[0]).sum() > 0  # u3's mean: no known code space
+            assert c.last_code_version == "m"  # the answer says its code space
+        for ask in ({"code_version": "fm/v0009@other"}, {"consumer": "ads"}):
+            emb, tiers, snapshot = c.lookup("u3", ["i21", "i0"], NOW, **ask)
+            assert tiers == ["none", "none"] and not emb.any() and snapshot == "2026-01-05T12:00:00"
+        status = api(srv.url, "/v1/status")
+        assert status["code_version"] == "m" and status["code_version_mismatches"] == 2
+        with pytest.raises(LookupFailed, match="code_version must be a non-empty string"):
+            c.lookup("u3", ["i21"], NOW, code_version="")
+        with pytest.raises(LookupFailed, match=r"\(422\).*'nobody' has no promoted SOLARIS VM"):
+            c.lookup("u3", ["i21"], NOW, consumer="nobody")
+        with pytest.raises(LookupFailed, match="not both"):
+            c.lookup("u3", ["i21"], NOW, consumer="click", code_version="m")
+        # consumer "ads" retrained on the served space and promoted: seen without a restart
+        retrained = models / "vm_ads_solaris" / "v0002"
+        retrained.mkdir()
+        (retrained / "weights.pt").write_bytes(b"")
+        (retrained / "window.json").write_text(json.dumps({"code_version": "m"}))
+        (models / "vm_ads_solaris" / "PROMOTED").write_text("v0002")
+        assert c.lookup("u3", ["i21"], NOW, consumer="ads")[1] == ["exact"]
+
+
+def test_in_a_rollout_each_consumer_is_answered_in_its_own_code_space(tmp_path):
+    """A publication that serves code space m and resolves n in shadow answers a caller of n from
+    n's rows and a caller of m (or of none named) from m's; a caller of a third space gets none."""
+    root = tmp_path / "tables"
+    write_version(root, seed=1)  # space m
+    new = pair_table(["u3"], ["i21"], seed=5)
+    new = new.set_column(new.schema.get_field_index("model_version"), "model_version", pa.array(["n"], pa.string()))
+    write_deltalake(str(root / "pair_embeddings"), new, mode="append")
+    publish(root, "2026-01-05T12:00:00", code_version="m", shadow_code_version="n")
+    empty_miss_queue(root / "miss_queue")
+    rows = DeltaTable(str(root / "pair_embeddings")).to_pandas()
+    code = {v: np.asarray(rows[(rows.user_id == "u3") & (rows.item_id == "i21") & (rows.model_version == v)]
+                          ["embedding"].iloc[0], np.float32) for v in ("m", "n")}
+    assert not np.allclose(code["m"], code["n"])
+    store = OnlineStore(root, poll_seconds=0.2, miss_flush_seconds=0.2).start()
+    with serving(store, allow_client_now=True) as srv, LookupClient(srv.url) as c:
+        for asked, space in ((None, "m"), ("m", "m"), ("n", "n")):
+            emb, tiers, _ = c.lookup("u3", ["i21"], NOW, code_version=asked)
+            assert tiers == ["exact"] and c.last_code_version == space
+            np.testing.assert_array_equal(emb[0], code[space])
+        emb, tiers, _ = c.lookup("u3", ["i21"], NOW, code_version="x")
+        assert tiers == ["none"] and not emb.any() and c.last_code_version == "m"
+        from tests.conftest import api
+
+        status = api(srv.url, "/v1/status")
+        assert (status["code_version"], status["shadow_code_version"], status["code_version_mismatches"]) == ("m", "n", 1)
 
 
 def test_every_tier_is_served_and_expired_rows_are_not(server):
