@@ -72,7 +72,6 @@ def run(spark, cfg, t: datetime) -> RunCounters:
     pc, db = cfg.precompute, cfg.lake.database
     start = speculate.window_start(pc, t)
     models = registry.resolve_models(cfg)  # fails here, before any work, if a checkpoint is missing
-    interface.vm_class(registry.stored_class(models["vm"]), cfg.allowed_classes)
     run_id = lake.run_id(t)
     ensure_tables(spark, cfg, (PRECOMPUTE_RUNS,))
     spaces = written_spaces(spark, cfg, t)  # the code spaces this run writes: the newest, and in a rollout the consumers'
@@ -84,6 +83,7 @@ def run(spark, cfg, t: datetime) -> RunCounters:
         # and here if the config does not allow the class the version holds
         fm_cls = interface.fm_class(registry.stored_class(paths["fm"]), cfg.allowed_classes)
         writers[version] = (paths, fm_cls, ae.cfg.code_dim)
+    interface.vm_class(registry.stored_class(models["vm"]), cfg.allowed_classes)  # and the verifier's
     specs = (REQUEST_LOG, USER_EVENTS, ITEMS, PAIR_EMBEDDINGS, VERIFIER_SCORES, MISS_QUEUE, MISS_CONSUMPTION,
              PRECOMPUTE_RUNS)
     ensure_tables(spark, cfg, specs)
