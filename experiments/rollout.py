@@ -174,7 +174,7 @@ def run(spark, cfg, source: str, w: RolloutWindow, ec, log=print) -> dict:
 
     consumer = training.ModelChoice.from_config(cfg).consumers[0]
     events, items = mdata.events_and_items(cfg, source)
-    dim = int(registry.read_json(a_models["autoencoder"], "config.json")["config"]["code_dim"])
+    dim = registry.autoencoder_code_dim(a_models["autoencoder"])
     tables = lake.lake.tables_path
 
     def consumer_vm(rows: pd.DataFrame, space: str) -> tuple[str, int]:

@@ -26,6 +26,7 @@ import argparse
 import json
 import struct
 import sys
+import threading
 import time
 from datetime import datetime
 
@@ -116,6 +117,7 @@ class RedisStore(LookupStore):
         self._pointer: tuple[float, str | None, dict] = (0.0, None, {})
         self.misses = None
         self.code_version_mismatches = 0  # lookups that named another code space than the one served
+        self._count_lock = threading.Lock()  # lookups run on worker threads (the server calls a blocking store so)
         self._code_versions: dict[str, str | None] = {}  # run id -> its code space, for each namespace read
 
     def _namespace(self) -> tuple[str | None, dict]:
@@ -160,7 +162,8 @@ class RedisStore(LookupStore):
         dim = int(self.dim or meta.get("dim") or 32)
         mismatch = code_version is not None and code_version != meta.get("code_version")
         if mismatch:
-            self.code_version_mismatches += 1  # this process's count; each replica counts its own
+            with self._count_lock:  # this process's count; each replica counts its own
+                self.code_version_mismatches += 1
         if ns is None or not items or mismatch:
             return np.zeros((len(items), dim), np.float32), np.full(len(items), NONE, np.int8), \
                 meta.get("run_id") if ns else None

@@ -106,8 +106,7 @@ def parse_request(body: bytes, max_items: int, allow_now: bool = False
         raise BadRequest(400, "code_version must be a non-empty string of at most 200 characters (the code space "
                               "the caller's VM was trained on, as /v1/status reports it)")
     consumer = req.get("consumer")
-    if consumer is not None and (not isinstance(consumer, str) or (problem := id_problem(consumer)) is not None
-                                 or not consumer):
+    if consumer is not None and (not isinstance(consumer, str) or not consumer or id_problem(consumer) is not None):
         raise BadRequest(400, "consumer must be a non-empty id string (a [[models.consumers]] name)")
     if consumer is not None and code_version is not None:
         raise BadRequest(400, "name the consumer or the code_version, not both")

@@ -286,7 +286,7 @@ def code_spaces(cfg) -> CodeSpaces:
         return CodeSpaces(newest, newest, only_newest, "the consumers read the newest code space")
     try:
         old = code_space_models(cfg.models_root, serving)
-        sizes = {read_json(m["autoencoder"], "config.json")["config"]["code_dim"] for m in (old, models)}
+        sizes = {autoencoder_code_dim(m["autoencoder"]) for m in (old, models)}
         if len(sizes) > 1:  # one lookup answers one code size: such a change is a new deployment
             raise ValueError(f"its codes are of another size than the newest autoencoder's ({sorted(sizes)})")
     except (FileNotFoundError, ValueError) as e:
@@ -323,5 +323,10 @@ def resolve_models(cfg) -> dict[str, str]:
 
 def code_dim(cfg) -> int:
     """The stored embedding size: the configured autoencoder's code size."""
-    return int(read_json(resolve_models(cfg)["autoencoder"], "config.json")["config"]["code_dim"])
+    return autoencoder_code_dim(resolve_models(cfg)["autoencoder"])
+
+
+def autoencoder_code_dim(version_folder: str | Path) -> int:
+    """The code size of an autoencoder version: the embedding size of its code space."""
+    return int(read_json(version_folder, "config.json")["config"]["code_dim"])
 

@@ -135,7 +135,7 @@ def train_consumers(cfg, ec, source: str | None = None, until=None, log=print) -
         space_models = registry.code_space_models(cfg.models_root, version)
     except (FileNotFoundError, ValueError):
         space_models = registry.resolve_models(cfg)  # (then too few rows of it: nothing is trained)
-    dim = int(registry.read_json(space_models["autoencoder"], "config.json")["config"]["code_dim"])
+    dim = registry.autoencoder_code_dim(space_models["autoencoder"])
     if len(rows):
         other_version = rows["code_version"].ne(version).to_numpy() if "code_version" in rows else np.ones(len(rows), bool)
         window["rows_shadow"] = int((rows["shadow"].to_numpy() & ~other_version).sum())

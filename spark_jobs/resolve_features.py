@@ -107,8 +107,11 @@ def resolve_shadow(spark, cfg, requests: DataFrame, pubs: list[dict], start: dat
     no shadow here and no shadow table to keep in step)."""
     name = qualified_name(SHADOW_REQUEST_FEATURES, cfg.lake.database)
     shadowed = [i for i, p in enumerate(pubs) if p.get("shadow_code_version")]
-    if not shadowed and not spark.catalog.tableExists(name):
-        return None
+    if not shadowed:
+        if not spark.catalog.tableExists(name):
+            return None
+        if not in_time_range(spark.table(name), start, end).limit(1).count():
+            return 0  # no rollout here and no earlier rows to clear: no write (an empty commit every hour)
     ensure_tables(spark, cfg, (SHADOW_REQUEST_FEATURES,))
     # the requests whose newest publication had a shadow: [its interval end, the next one's)
     ts = F.col("ts")

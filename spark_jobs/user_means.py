@@ -141,9 +141,8 @@ def run(spark, cfg, t: datetime, dim: int | None = None, code_versions: dict[str
         code_versions = space_sizes(cfg, dim)
     pairs = spark.table(qualified_name(PAIR_EMBEDDINGS, db)).where(F.col("run_id") == run_id)
     # valid: a finite code of its own space's size, of a space whose means are built
-    valid = pairs.where(reduce(lambda a, b: a | b, [(F.col("model_version") == v) & valid_embedding(d)
-                                                   for v, d in code_versions.items()]))
-    good = valid.persist()
+    good = pairs.where(reduce(lambda a, b: a | b, [(F.col("model_version") == v) & valid_embedding(d)
+                                                  for v, d in code_versions.items()])).persist()
     try:
         n_pairs, n_good = pairs.count(), good.count()
         n_other = pairs.where(~F.col("model_version").isin(list(code_versions))).count()
@@ -166,8 +165,7 @@ def space_sizes(cfg, dim: int | None = None) -> dict[str, int]:
     from model import registry
 
     spaces = registry.code_spaces(cfg)
-    sizes = {v: int(registry.read_json(m["autoencoder"], "config.json")["config"]["code_dim"])
-             for v, m in spaces.models.items()}
+    sizes = {v: registry.autoencoder_code_dim(m["autoencoder"]) for v, m in spaces.models.items()}
     if dim is not None:
         sizes[spaces.newest] = dim
     if spaces.serving not in sizes:  # a consumers' space no longer written: its partials still average

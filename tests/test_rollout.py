@@ -161,7 +161,7 @@ def test_a_rollout_never_answers_a_consumer_in_another_code_space(spark, lake_ro
     vm_a, vm_b = (load_vm(str(registry.resolve(models, "vm_click_solaris", v)), cfg.allowed_classes)
                   for v in ("v0001", "v0002"))
     events, items = mdata.events_and_items(cfg)
-    dim = int(registry.read_json(registry.resolve(models, "autoencoder"), "config.json")["config"]["code_dim"])
+    dim = registry.autoencoder_code_dim(registry.resolve(models, "autoencoder"))
     hours = rollout.hourly(old, new, vm_a, vm_b, switch, events, items, dim, resamples=50)
     assert [h["hour"][11:16] if h["hour"][0].isdigit() else h["hour"] for h in hours] == \
         ["07:00", "08:00", "09:00", "10:00", "before the switch", "after the switch"]
