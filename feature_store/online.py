@@ -88,6 +88,7 @@ class MissRecorder:
         self._lock = threading.Lock()
         self.recorded = self.dropped = self.flushed = self.flush_errors = self.rejected = 0
         self.repeated = self.capped = 0
+        self._writing = 0  # rows taken out of the buffer by a flush under way: still held, not written
         self.last_error: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="miss-flusher", daemon=True)
@@ -113,13 +114,12 @@ class MissRecorder:
         """Append the buffered misses to miss_queue; returns how many were written."""
         with self._lock:
             rows, self._buf, self._pending = self._buf, [], {}
-        if not rows:
-            return 0
-        good, bad = [], []
-        for r in rows:
-            (good if id_problem(r[0]) is None and id_problem(r[1]) is None else bad).append(r)
-        if bad:
+            good, bad = [], []
+            for r in rows:
+                (good if id_problem(r[0]) is None and id_problem(r[1]) is None else bad).append(r)
             self.rejected += len(bad)
+            self._writing = len(good)
+        if bad:
             log.error("%d misses with ids that cannot be stored were not queued, e.g. user %r item %r",
                       len(bad), bad[0][0], bad[0][1])
         if not good:
@@ -131,18 +131,21 @@ class MissRecorder:
                 raise FileNotFoundError(f"{self.path} does not exist yet: the first Spark job creates miss_queue")
             self._append(good)
         except Exception as e:  # the table is missing or busy: keep what fits, try again next time
-            self.flush_errors += 1
-            self.last_error = f"{type(e).__name__}: {e}"
-            log.warning("miss_queue flush failed (%s); %d misses kept for the next try", self.last_error, len(good))
-            with self._lock:
+            with self._lock:  # the rows and the counters change together: status() sees both or neither
                 keep = good[: max(self.capacity - len(self._buf), 0)]
                 self.dropped += len(good) - len(keep)
                 self._buf = keep + self._buf
                 for user, item, _ in keep:
                     self._pending.setdefault(user, set()).add(item)
+                self._writing = 0
+                self.flush_errors += 1
+                self.last_error = f"{type(e).__name__}: {e}"
+            log.warning("miss_queue flush failed (%s); %d misses kept for the next try", self.last_error, len(good))
             return 0
-        self.flushed += len(good)
-        self.last_error = None
+        with self._lock:
+            self._writing = 0
+            self.flushed += len(good)
+            self.last_error = None
         return len(good)
 
     def _append(self, rows) -> None:
@@ -168,8 +171,10 @@ class MissRecorder:
             try:
                 self.flush()
             except Exception as e:  # the thread outlives any one bad batch
-                self.flush_errors += 1
-                self.last_error = f"{type(e).__name__}: {e}"
+                with self._lock:
+                    self._writing = 0
+                    self.flush_errors += 1
+                    self.last_error = f"{type(e).__name__}: {e}"
                 log.exception("miss_queue flusher error")
 
     def stop(self) -> None:
@@ -179,10 +184,13 @@ class MissRecorder:
         self.flush()
 
     def status(self) -> dict:
-        return {"recorded": self.recorded, "repeated": self.repeated, "capped": self.capped,
-                "dropped": self.dropped, "flushed": self.flushed,
-                "flush_errors": self.flush_errors, "rejected": self.rejected, "buffered": len(self._buf),
-                "last_error": self.last_error}
+        """The counters at one instant; ``buffered`` counts every miss held and not yet written,
+        those of a flush under way included."""
+        with self._lock:
+            return {"recorded": self.recorded, "repeated": self.repeated, "capped": self.capped,
+                    "dropped": self.dropped, "flushed": self.flushed,
+                    "flush_errors": self.flush_errors, "rejected": self.rejected,
+                    "buffered": len(self._buf) + self._writing, "last_error": self.last_error}
 
 
 @dataclass

@@ -264,16 +264,25 @@ def ensure_database(spark, cfg: SolarisConfig) -> None:
         relocate_tables(spark, cfg, old_root=have.parent.parent)
 
 
+# What a metastore says when another driver registered the same object between this driver's
+# check and its create. Spark registers a data source table through a temporary location named
+# ``<table>-__PLACEHOLDER__`` under the database's folder, the same for every driver, and deletes it
+# once its create returns: a driver whose create is under way then fails on the vanished folder.
+LOST_CREATE_RACE = ("AlreadyExistsException", "DELTA_TABLE_ALREADY_EXISTS", "-__PLACEHOLDER__")
+
+
 def create_if_absent(spark, statement: str, exists) -> None:
     """Run a ``CREATE ... IF NOT EXISTS``. On a metastore shared by several drivers, two of them
-    can both find the object missing and both create it: the Hive metastore refuses the second
-    with AlreadyExistsException, or Delta, when the other's entry lands between its own check and
-    its create, with DELTA_TABLE_ALREADY_EXISTS. Either means the other driver won, not a failure."""
+    can both find the object missing and both create it; the loser's create fails with one of
+    ``LOST_CREATE_RACE``. That means the other driver won, not a failure, once the object exists;
+    if it does not (the winner's create failed after all), the statement is tried once more."""
     try:
         spark.sql(statement)
     except Exception as e:  # pyspark's AnalysisException wrapping the metastore's HiveException
-        if not any(m in str(e) for m in ("AlreadyExistsException", "DELTA_TABLE_ALREADY_EXISTS")) or not exists():
+        if not any(m in str(e) for m in LOST_CREATE_RACE):
             raise
+        if not exists():
+            spark.sql(statement)
 
 
 def local_path(uri: str) -> Path:
