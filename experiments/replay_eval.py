@@ -51,6 +51,7 @@ class ReplayEvalConfig:
     vm_train: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=30, lr=3e-3))
     seeds: tuple[int, ...] = (7, 8, 9)  # every variant trained once per seed; intervals cover seeds and requests
     bootstrap_resamples: int = 1000  # paired bootstrap over the test requests (and the seeds)
+    ablation_tier: str = "exact"  # whose test rows are fed each vintage of their pair's code (vintage_ablation)
 
 
 def served_rows(cfg, tables_root, start, end, source: str | None = None) -> pd.DataFrame:
@@ -151,13 +152,13 @@ def evaluate(cfg, rows_by_point: dict[str, pd.DataFrame], main: str, test_from, 
             f"{fitted['best_val_ne']:.4f}")
         return vm, sigmoid(infer(vm, vm, make("test"), device=device)), sigmoid(infer(vm, vm, val, device=device))
 
-    models, preds, val_preds = {}, {}, {}
+    models, preds, val_preds, seed_models = {}, {}, {}, {}
     for name, make in inputs.items():
         per_seed = [train(name, make, s) for s in seeds]
         models[name], preds[name] = per_seed[0][0], np.stack([p for _, p, _ in per_seed])  # (S, n)
         val_preds[name] = np.stack([v for _, _, v in per_seed])
-        if name == SERVED:
-            served_models = [m for m, _, _ in per_seed]
+        seed_models[name] = [m for m, _, _ in per_seed]
+    served_models = seed_models[SERVED]
     gated_tiers = tiers_worse_than_vm(x["val"]["label"], inputs[SERVED]("val")["tier"], val_preds)
     test_tier = inputs[SERVED]("test")["tier"]
     preds[GATED] = np.where(np.isin(test_tier, [TIERS.index(t) for t in gated_tiers])[None, :], preds["VM"],
@@ -227,14 +228,100 @@ def evaluate(cfg, rows_by_point: dict[str, pd.DataFrame], main: str, test_from, 
         columns.update({n: p[0]} if len(p) == 1 else {f"{n} [seed {s}]": row for s, row in zip(seeds, p)})
     predictions = pd.DataFrame({"request_id": test["request_id"].to_numpy(), "item_id": test["item_id"].to_numpy(),
                                 "label": y, **columns})
+    vintages = None
+    if same_task:
+        vintages = vintage_ablation(splits, rows_by_point[main], y, x["test"], oracle["test"], preds, seed_models, fm,
+                                    ae, fm_vocab, events, items, device, ec, seeds[0], cfg.precompute.lookback_hours)
     return {"rows": rows, "by_tier": by_tier, "by_point": by_point, "bootstrap": intervals["_meta"], "seeds": list(seeds),
-            "gated_tiers": gated_tiers,
+            "gated_tiers": gated_tiers, "vintage_ablation": vintages,
             "predictions": predictions,
             "fm_beats_vm": intervals["_meta"]["reference_beats_baseline"] if same_task else None,
             "window": {k: {"rows": len(v), "requests": int(v["request_id"].nunique()), "from": str(v["ts"].min()),
                            "to": str(v["ts"].max()), "ctr": float(v["label"].mean())} for k, v in splits.items()},
             "fm_online_ms": fm_request_latency(fm, ae, xf["test"], splits["test"]["request_id"].to_numpy()),
             "device": str(device), "seconds": round(time.perf_counter() - t0, 1)}
+
+
+ORACLE = "VM + FM embedding (oracle)"
+# The vintages of a row's code, from the oracle's to what was served: on exact rows each step is one
+# thing that separates a precomputed code from the FM run at the request.
+VINTAGES = ("as of the request (oracle)", "as of the hour start", "as of the serving run, context guessed", "as served")
+
+
+def guessed_context(test: pd.DataFrame, all_rows: pd.DataFrame, at: pd.Series, lookback_hours: float) -> pd.DataFrame:
+    """The device and surface precompute gives a pair at a run at ``at`` (per test row): those of the
+    user's latest request in [at - lookback, at) (``spark_jobs.speculate.candidates``). Where the
+    user has none (a code from a queued miss or an older run), the request's own; ``guessed`` says which."""
+    left = pd.DataFrame({"_row": np.arange(len(test)), "user_id": test["user_id"].to_numpy(),
+                         "_at": pd.to_datetime(at).to_numpy()}).sort_values("_at", kind="stable")
+    right = (all_rows.sort_values(["ts", "request_id"]).drop_duplicates("request_id", keep="last")
+             [["user_id", "ts", "device", "surface"]].rename(columns={"device": "_device", "surface": "_surface"})
+             .sort_values("ts", kind="stable"))
+    got = pd.merge_asof(left, right, left_on="_at", right_on="ts", by="user_id", direction="backward",
+                        allow_exact_matches=False, tolerance=pd.Timedelta(hours=lookback_hours)).sort_values("_row")
+    guessed = got["_device"].notna().to_numpy() | got["_surface"].notna().to_numpy()
+    out = test.copy()
+    out["device"] = np.where(guessed, got["_device"].to_numpy(), test["device"].to_numpy())
+    out["surface"] = np.where(guessed, got["_surface"].to_numpy(), test["surface"].to_numpy())
+    out["guessed"] = guessed
+    return out
+
+
+def vintage_ablation(splits, all_rows, y, x_test, oracle_test, preds, seed_models, fm, ae, fm_vocab, events, items,
+                     device, ec: ReplayEvalConfig, seed: int, lookback_hours: float) -> dict | None:
+    """What a code carries on the rows of one tier (``ec.ablation_tier``, exact by default), by how
+    old it is: the test hours' rows of that tier scored by the oracle VM (trained on the FM's code as
+    of each request) and by the served VM, each fed the pair's code as of the request, as of the hour
+    start (the request's context), as of the serving run with the context precompute guessed, and as
+    served; beside the VM and the FM run as of the request and as of the hour start. Every figure
+    against the VM on the same rows, with the hierarchical bootstrap (seeds, then requests). None
+    when the tier has no test rows or one class only (NE is undefined there)."""
+    test = splits["test"]
+    sel = (test["tier"] == ec.ablation_tier).to_numpy()
+    if not sel.any() or y[sel].min() == y[sel].max():
+        return None
+    rows = test[sel].reset_index(drop=True)
+    hour = rows["ts"].dt.floor("h")
+    # The replay publishes once an hour, at the hour: the serving run of a request is its hour's start.
+    at_hour = rows.assign(ts=hour)
+    at_run = guessed_context(rows, all_rows, hour, lookback_hours).assign(ts=hour)
+
+    def fm_run(frame):
+        xf = model_inputs(build_examples(frame.drop(columns=["guessed"], errors="ignore"), events, fm_vocab,
+                                         fm.cfg.history_len, items, fm.cfg.horizon_hours), fm.inputs)
+        ae.eval()
+        codes = infer(lambda b: ae.encode(fm.embed(b)), fm, xf, device=device)
+        ae.to("cpu")
+        return codes.astype(np.float32), sigmoid(infer(fm, fm, xf, device=device))
+
+    codes_hour, fm_hour = fm_run(at_hour)
+    codes_run, _ = fm_run(at_run)
+    x_exact = subset(x_test, np.flatnonzero(sel))
+    served = np.stack(rows["embedding"].map(lambda e: np.asarray(e, np.float32)))
+    codes = {VINTAGES[0]: oracle_test[sel].astype(np.float32), VINTAGES[1]: codes_hour, VINTAGES[2]: codes_run,
+             VINTAGES[3]: served}
+    exact_tier = np.full(len(rows), TIERS.index("exact"))  # a pair's own code, as the oracle VM was trained
+    served_tier = np.full(len(rows), TIERS.index(ec.ablation_tier))
+    scored = {"VM": preds["VM"][:, sel], "FM as of the request": preds["FM"][:, sel],
+              "FM as of the hour start": fm_hour[None, :]}
+    for model in (ORACLE, SERVED):
+        for vintage, c in codes.items():
+            # the oracle VM knows the exact tier only; the served VM reads served codes with their own tier
+            tier = served_tier if model == SERVED and vintage == VINTAGES[3] else exact_tier
+            fed = {**x_exact, "fm": c, "tier": tier}
+            scored[f"{model}, fed the code {vintage}"] = np.stack(
+                [sigmoid(infer(m, m, fed, device=device)) for m in seed_models[model]])
+    ys = y[sel]
+    ci = metrics.paired_bootstrap(ys, scored, rows["request_id"].to_numpy(), baseline="VM",
+                                  reference="FM as of the request", resamples=ec.bootstrap_resamples, seed=seed)
+    ne_vm = metrics.seed_mean_ne(ys, scored["VM"])
+    return {"tier": ec.ablation_tier, "rows": int(sel.sum()), "share": float(sel.mean()), "ctr": float(ys.mean()),
+            "context_guessed": float(at_run["guessed"].mean()),
+            # served the code its serving run computed (the rest: a code from an earlier run within the TTL)
+            "served_is_the_runs_code": float(np.isclose(served, codes_run, atol=1e-4, rtol=1e-4).all(axis=1).mean()),
+            "table": [{"model": name, "ne": metrics.seed_mean_ne(ys, p),
+                       "ne_vs_vm_pct": 100 * (metrics.seed_mean_ne(ys, p) - ne_vm) / ne_vm,
+                       "ne_vs_vm_pct_ci": ci[name]["ne_delta_pct_ci"]} for name, p in scored.items()]}
 
 
 def tiers_worse_than_vm(y: np.ndarray, tier: np.ndarray, val_preds: dict[str, np.ndarray]) -> list[str]:

@@ -61,6 +61,22 @@ def consumers_markdown(r: dict) -> list[str]:
     return out
 
 
+def vintage_markdown(e: dict | None) -> list[str]:
+    """The vintage ablation: one tier's test rows, each model fed the pair's code of each vintage."""
+    if not e:
+        return []
+    out = ["", f"## What a code carries on the {e['tier']} rows, by its vintage (test hours)", "",
+           f"{e['rows']:,} rows ({pct(e['share'])} of the test candidates, CTR {e['ctr']:.3f}); "
+           f"{pct(e['served_is_the_runs_code'])} of them were served the code their serving run computed for the "
+           f"pair (on exact rows the rest carry an earlier run's, within the TTL); precompute's guessed context found for "
+           f"{pct(e['context_guessed'])} (the rest: the request's own). Every model scored on the same rows; "
+           "intervals: the bootstrap over seeds and requests.", "",
+           "| model, fed | NE | NE vs VM [95% CI] |", "|---|---:|---:|"]
+    for t in e["table"]:
+        out.append(f"| {t['model']} | {t['ne']:.4f} | {t['ne_vs_vm_pct']:+.2f}% {ci(t['ne_vs_vm_pct_ci'], '+.2f')} |")
+    return out
+
+
 def seeds_text(r: dict) -> str:
     seeds = r.get("seeds") or [r["seed"]]
     return f"VM variants trained with seeds {', '.join(map(str, seeds))}" if len(seeds) > 1 else f"seed {seeds[0]} (one seed)"
@@ -162,6 +178,7 @@ def markdown(r: dict) -> str:
                    f"{t['ne_served']:.4f} | {t['ne_served_masked']:.4f} | {t['ne_oracle']:.4f} | "
                    f"{t['served_vs_vm_pct']:+.2f}% {ci(t.get('served_vs_vm_pct_ci', (float('nan'),) * 2), '+.2f')} | "
                    f"{t['served_vs_masked_pct']:+.2f}% |")
+    out += vintage_markdown(v.get("vintage_ablation"))
     out += consumers_markdown(r)
     q = main["miss_queue"].get("replay", {"pairs": 0, "consumed": 0})
     out += ["", f"Miss queue: {q['pairs']:,} misses recorded, {q['consumed']:,} taken in by a later cycle "

@@ -31,7 +31,9 @@ pytestmark = pytest.mark.spark
 # the synthetic log runs 2026-01-05 00:00 .. 12:00; models train before 05:00
 WINDOW = replay.ReplayWindow(datetime(2026, 1, 5, 6), datetime(2026, 1, 5, 9), datetime(2026, 1, 5, 7),
                              datetime(2026, 1, 5, 8))
-EVAL = replay_eval.ReplayEvalConfig(vm_train=TrainConfig(epochs=2, batch_size=256), seeds=(7, 8))
+# The ablation of code vintages on the item-mean rows: this tiny world's exact test rows hold no click
+EVAL = replay_eval.ReplayEvalConfig(vm_train=TrainConfig(epochs=2, batch_size=256), seeds=(7, 8),
+                                    ablation_tier="item_mean")
 MAIN, SHORT = "budget0.3_ttl6h", "budget0.3_ttl0.5h"  # 0.5 h: embeddings expire inside the hour they serve
 
 
@@ -228,6 +230,28 @@ def test_variants_report_and_plots(replayed):
     lk = result["lookup_ms"]
     assert lk["requests"] > 0 and 0 < lk["p50"] <= lk["p99"]
     assert sum(c["pairs_embedded"] for c in result["points"][MAIN]["cycles"]) > 0
+
+
+def test_the_vintage_ablation_feeds_each_vintage_of_the_code_to_the_same_models(replayed):
+    """One tier's test rows, scored by the oracle VM and the served VM fed the pair's code as of the
+    request, the hour start, the serving run and as served: the two inputs each model was trained on
+    reproduce its own test predictions; an item mean is almost never the pair's own code of its run."""
+    _, result, out = replayed
+    v = result["variants"]
+    e = v["vintage_ablation"]
+    exact = next(t for t in v["by_tier"] if t["tier"] == "item_mean")
+    assert e["tier"] == "item_mean" and e["served_is_the_runs_code"] < 0.1
+    assert e["rows"] == exact["pairs"] > 0 and 0 < e["context_guessed"] <= 1
+    table = {t["model"]: t for t in e["table"]}
+    assert len(table) == 3 + 2 * len(replay_eval.VINTAGES)
+    # the oracle VM on the oracle's codes and the served VM on the served codes are their own test predictions
+    assert table[f"{replay_eval.ORACLE}, fed the code as of the request (oracle)"]["ne"] == pytest.approx(exact["ne_oracle"], rel=1e-6)
+    assert table[f"{replay_eval.SERVED}, fed the code as served"]["ne"] == pytest.approx(exact["ne_served"], rel=1e-6)
+    assert table["VM"]["ne"] == pytest.approx(exact["ne_vm"], rel=1e-9) and table["VM"]["ne_vs_vm_pct"] == 0
+    for t in e["table"][1:]:
+        lo, hi = t["ne_vs_vm_pct_ci"]
+        assert np.isfinite(t["ne"]) and lo <= hi
+    assert "What a code carries on the item_mean rows, by its vintage" in (out / "report.md").read_text()
 
 
 def test_every_consumer_gets_its_coverage_and_served_ne(replayed):
