@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast test-compose evaluate serve airflow sql spark-sql bench-ingest bench-cycles clean help
+.PHONY: install demo test test-fast test-compose evaluate session-features serve airflow sql spark-sql bench-ingest bench-cycles clean help
 
 help:
 	@echo "make demo    - install, then run the main job on a synthetic log (local Spark, Delta lake in ./lake)"
@@ -15,6 +15,7 @@ help:
 	@echo "make test-fast           - only the tests that need nothing but Python (marker unit; seconds)"
 	@echo "make test-compose        - docker compose up the whole stack in a Docker engine of its own and run an hourly DAG on it (root)"
 	@echo "make evaluate DATA=synthetic|mind|globo - replay evaluation, report in reports/replay_DATA/ (lake in lake-eval/DATA; ARGS=--window quick: a few hours)"
+	@echo "make session-features DATA=... - after make evaluate: its VM variants again, reading the user's last click"
 	@echo "make serve               - the online lookup service on 127.0.0.1:8765 over ./lake"
 	@echo "make airflow             - Airflow standalone (SQLite) with the SOLARIS DAGs on http://127.0.0.1:8080 (AIRFLOW_PORT=...)"
 	@echo "make sql Q='SELECT ...'  - run SQL over the feature tables"
@@ -67,6 +68,11 @@ EVAL_LAKE ?= lake-eval/$(DATA)
 evaluate: install
 	SOLARIS_LAKE_ROOT="$(EVAL_LAKE)" $(PY) -m experiments.replay --data $(DATA) $(if $(INPUT),--input '$(INPUT)') \
 		$(if $(SAMPLE),--sample-fraction $(SAMPLE)) $(ARGS)
+
+# After make evaluate: every VM variant of that replay trained again reading the user's last click
+# (an online session feature), on the same rows and seeds; report beside the replay's
+session-features: install
+	SOLARIS_LAKE_ROOT="$(EVAL_LAKE)" $(PY) -m experiments.session_features --data $(DATA) $(ARGS)
 
 serve: install
 	$(PY) -m feature_store.serve $(ARGS)

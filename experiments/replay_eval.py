@@ -32,7 +32,7 @@ import torch
 from model import data as mdata
 from model import metrics, served_training
 from model.served_training import masked, served_inputs
-from model.features import Vocab, build_examples, model_inputs, row_inputs, subset
+from model.features import Vocab, build_examples, last_click_inputs, model_inputs, row_inputs, subset
 from model.train import TrainConfig, batches, bce_loss, fit, infer, kd_loss, n_params, pick_device, sigmoid
 from model.training import vm_ids, vm_sizes
 from model.tiers import ORDER
@@ -52,6 +52,9 @@ class ReplayEvalConfig:
     seeds: tuple[int, ...] = (7, 8, 9)  # every variant trained once per seed; intervals cover seeds and requests
     bootstrap_resamples: int = 1000  # paired bootstrap over the test requests (and the seeds)
     ablation_tier: str = "exact"  # whose test rows are fed each vintage of their pair's code (vintage_ablation)
+    # every VM variant also reads the user's last click before the request and its age (model.vm): an
+    # online session feature, the part of the label no precomputed code can know
+    session_features: bool = False
 
 
 def served_rows(cfg, tables_root, start, end, source: str | None = None) -> pd.DataFrame:
@@ -106,7 +109,12 @@ def evaluate(cfg, rows_by_point: dict[str, pd.DataFrame], main: str, test_from, 
     # The VMs read ids and context only (no history), through the vocabulary of their training rows:
     # an id first seen later reads the unknown row, which id dropout trains (model.vm)
     vocab = Vocab.of_rows(splits["train"])
-    x = {k: {**row_inputs(build_examples(v, events, vocab, 1, items)), **vm_ids(vocab, v)} for k, v in splits.items()}
+
+    def vm_inputs(rows: pd.DataFrame) -> dict[str, np.ndarray]:
+        ex = build_examples(rows, events, vocab, 1, items)
+        return {**row_inputs(ex), **vm_ids(vocab, rows), **(last_click_inputs(ex) if ec.session_features else {})}
+
+    x = {k: vm_inputs(v) for k, v in splits.items()}
     y = x["test"]["label"]
     dim = ae.cfg.code_dim
     log(f"  replay rows: {', '.join(f'{k} {len(v):,}' for k, v in splits.items())} "
@@ -145,7 +153,8 @@ def evaluate(cfg, rows_by_point: dict[str, pd.DataFrame], main: str, test_from, 
     def train(name: str, make, seed: int) -> tuple[VerticalModel, np.ndarray]:
         val = make("val")
         torch.manual_seed(seed)  # the initial weights too, whatever ran before in this process
-        vm = VerticalModel(VMConfig(**sizes, **TRAINED, use_fm_embedding="fm" in val, fm_dim=dim))
+        vm = VerticalModel(VMConfig(**sizes, **TRAINED, use_fm_embedding="fm" in val, fm_dim=dim,
+                                    session=ec.session_features))
         fitted = fit(vm, kd_loss(ec.kd_alpha) if "teacher" in val else bce_loss, make("train"), val,
                      replace(vm_train, seed=seed), lambda *_: None)
         log(f"  trained {name}, seed {seed}: {len(fitted['epochs'])} epochs, best validation NE "

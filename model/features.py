@@ -296,6 +296,13 @@ def model_inputs(x: dict[str, np.ndarray], groups) -> dict[str, np.ndarray]:
     return {k: v for k, v in x.items() if k in keep}
 
 
+def last_click_inputs(x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Per row of ``x`` (``build_examples``' arrays): the item code of its user's last event before
+    the request (``last_item``, PAD when none) and its recency code (``last_age``, 0 when none): the
+    VM's online session input (model.vm). Strictly before the request, as the history is."""
+    return {"last_item": x["hist"][x["req"], -1], "last_age": x["hist_age"][x["req"], -1]}
+
+
 def row_inputs(x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The per-row arrays only (what a VM reads): without the request-level history."""
     return {k: v for k, v in x.items() if k not in REQUEST_KEYS and k != "req"}

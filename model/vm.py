@@ -5,6 +5,15 @@ plus an additive bias per slot (position). The FM input is zeros with tier ``non
 embedding was served, so the same model reads exact, fallback and missing embeddings alike. The
 VM reads no history, no item attributes and no counters: those reach it only through the FM.
 
+With ``session`` it also reads one online session feature, which no precomputed code can know: the
+user's last click before the request (``last_item``) and how long ago it was (``last_age``, a
+recency code: minutes ago, the same visit, reads differently from days ago). The age goes to the
+MLP; the click adds to the logit a learned similarity of the candidate and the clicked item (rows of
+a table of their own, so the id rows the rest of the VM reads are left alone), weighted by the age:
+the pull of an item just clicked. A pair where either item is outside the vocabulary has no pull
+(all unknown items read one row, which would make any two of them alike). Both come from the log as of the request
+(``model.features.last_click_inputs``).
+
 No row a test reads is untrained. A VM trained by SOLARIS reads the hour of day as a point on a
 circle (``hour_encoding = "cyclic"``), so an hour absent from its training window is read between
 its neighbours, not from a randomly initialised row; and it replaces a share ``id_dropout`` of the
@@ -21,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from model.features import MAX_POSITION, OOV
+from model.features import MAX_POSITION, OOV, RECENCY_BUCKETS
 from model.tiers import NONE as TIER_NONE  # noqa: F401  (the tier of a pair served nothing)
 from model.tiers import TIERS
 
@@ -41,6 +50,7 @@ class VMConfig:
     features: tuple[str, ...] = FEATURES  # which of FEATURES it reads (a consumer's ``features``)
     hour_encoding: str = "embedding"  # "cyclic": (sin, cos) of the hour -> linear; "embedding": a row per hour
     id_dropout: float = 0.0  # training only: share of user and item ids read as the unknown id
+    session: bool = False  # also read the user's last click before the request and its age (last_item, last_age)
 
 
 HOUR_ENCODINGS = ("embedding", "cyclic")
@@ -76,6 +86,13 @@ class VerticalModel(nn.Module):
             cyclic = name == "hour" and cfg.hour_encoding == "cyclic"
             setattr(self, name, nn.Linear(2, sizes[name][1]) if cyclic else nn.Embedding(*sizes[name]))
         width = sum(sizes[name][1] for name in self.features)
+        if cfg.session:
+            self.last_age = nn.Embedding(RECENCY_BUCKETS, 4)
+            self.session_item = nn.Embedding(cfg.n_items, cfg.dim)
+            nn.init.normal_(self.session_item.weight, std=0.1)
+            self.session_weight = nn.Embedding(RECENCY_BUCKETS, 1, padding_idx=0)  # 0: no last click, no pull
+            nn.init.constant_(self.session_weight.weight[1:], 1.0)
+            width += 4
         extra = cfg.fm_dim + len(TIERS) if cfg.use_fm_embedding else 0
         self.mlp = nn.Sequential(nn.Linear(width + extra, cfg.hidden), nn.ReLU(),
                                  nn.Linear(cfg.hidden, cfg.hidden // 2), nn.ReLU(), nn.Linear(cfg.hidden // 2, 1))
@@ -91,10 +108,22 @@ class VerticalModel(nn.Module):
 
     def forward(self, b: dict[str, torch.Tensor]) -> torch.Tensor:
         parts = [self._read(name, b[name]) for name in self.features]
+        if self.cfg.session:
+            parts.append(self.last_age(b["last_age"]))
         if self.cfg.use_fm_embedding:
             fm = b["fm"]  # (B, C); zeros where tier is none
             if fm.shape[1] != self.cfg.fm_dim:
                 raise ValueError(f"FM embedding has dimension {fm.shape[1]}, the VM expects {self.cfg.fm_dim}")
             parts += [fm, nn.functional.one_hot(b["tier"], len(TIERS)).float()]
         logit = self.mlp(torch.cat(parts, dim=1)).squeeze(-1)  # (B,)
+        if self.cfg.session:
+            logit = logit + self.session_pull(b)
         return logit + self.position_bias(b["position"]).squeeze(-1) if "position" in b else logit
+
+    def session_pull(self, b: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(B,) what the last click adds to the logit: the learned similarity of the candidate and the
+        clicked item, weighted by how long ago the click was. Ids outside the vocabulary share one
+        row, so two different new items would look alike: a pair with an unknown (or no) item has none."""
+        known = (b["item"] > OOV) & (b["last_item"] > OOV)
+        similarity = (self.session_item(b["item"]) * self.session_item(b["last_item"])).sum(-1)
+        return self.session_weight(b["last_age"]).squeeze(-1) * similarity * known

@@ -4,8 +4,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from model.features import (COUNTERS, OOV, PAD, Vocab, build_examples, history_matrix, position_code,
-                            recency_code, subset)
+from model.features import (COUNTERS, OOV, PAD, Vocab, build_examples, history_matrix, last_click_inputs,
+                            position_code, recency_code, subset)
 
 T = pd.Timestamp("2026-01-05 10:00:00")
 
@@ -38,6 +38,19 @@ def test_no_feature_depends_on_a_later_event():
     full = build_examples(req, ev, vocab, 20)
     past_only = build_examples(req, ev[ev["ts"] < req["ts"][0]], vocab, 20)
     np.testing.assert_array_equal(full["hist"], past_only["hist"])
+
+
+def test_the_last_click_is_the_users_last_event_strictly_before_the_request():
+    ev = pd.DataFrame({"user_id": ["a", "a", "b"], "item_id": ["p", "q", "r"],
+                       "ts": [T + pd.Timedelta(minutes=m) for m in (1, 5, 2)]})
+    req = pd.DataFrame({"user_id": ["a", "a", "b", "c"], "item_id": ["q", "r", "p", "p"], "label": [1, 0, 0, 1],
+                        "ts": [T + pd.Timedelta(minutes=m) for m in (5, 30, 0, 9)], "device": ["d"] * 4,
+                        "surface": ["s"] * 4})
+    vocab = Vocab.fit(req, ev)
+    got = last_click_inputs(build_examples(req, ev, vocab, 1))
+    # the click at exactly the request's time is not before it; b's only click comes after; c has none
+    assert got["last_item"].tolist() == [*vocab.encode("item", ["p", "q"]).tolist(), PAD, PAD]
+    assert got["last_age"].tolist() == [*recency_code(np.array([4, 25]) * 60_000_000).tolist(), 0, 0]
 
 
 def test_vocab_codes_unknown_ids_as_oov_and_missing_as_padding():

@@ -237,6 +237,42 @@ def test_a_trained_vm_has_no_untrained_row_for_a_new_id_or_an_unseen_hour():
     assert torch.equal(vm._read("item", ids), vm.item(ids))
 
 
+def test_a_vm_reading_the_last_click_learns_the_pull_of_the_item_just_clicked():
+    """The label follows the item clicked minutes ago (the same visit), which no id or context
+    carries: the VM with the session input learns it, the plain VM cannot."""
+    from model.metrics import normalized_entropy
+    from model.train import TrainConfig, bce_loss, fit, infer, sigmoid
+
+    rng = np.random.default_rng(3)
+
+    def rows(n):
+        x = {"user": rng.integers(2, 50, n), "item": rng.integers(2, 30, n), "hour": rng.integers(0, 24, n),
+             "device": rng.integers(2, 4, n), "surface": rng.integers(2, 4, n), "position": np.zeros(n, np.int64),
+             "last_item": rng.integers(2, 30, n), "last_age": rng.integers(1, 16, n)}
+        same = rng.random(n) < 0.4
+        x["last_item"] = np.where(same, x["item"], x["last_item"])
+        pull = same & (x["last_age"] <= 4)  # clicked minutes ago
+        x["label"] = (rng.random(n) < np.where(pull, 0.7, 0.1)).astype(np.float32)
+        return x
+
+    train, test = rows(12000), rows(4000)
+    ne = {}
+    for session in (False, True):
+        torch.manual_seed(0)
+        vm = VerticalModel(VMConfig(**SIZES, session=session))
+        fit(vm, bce_loss, train, test, TrainConfig(epochs=8, batch_size=256, lr=1e-2, device="cpu"), lambda *_: None)
+        ne[session] = normalized_entropy(test["label"], sigmoid(infer(vm, vm, test)))
+    assert ne[True] < 0.9 * ne[False], ne
+    # every unknown item reads one row: a candidate or a last click outside the vocabulary has no pull
+    from model.features import OOV
+
+    b = {k: torch.as_tensor(v[:50]) for k, v in test.items()}
+    with torch.inference_mode():
+        assert (vm.session_pull(b) != 0).all()
+        for unknown in ("item", "last_item"):
+            assert (vm.session_pull({**b, unknown: torch.full((50,), OOV)}) == 0).all()
+
+
 def test_vm_config_values_are_checked():
     with pytest.raises(ValueError, match="hour_encoding"):
         VerticalModel(VMConfig(**SIZES, hour_encoding="weekly"))

@@ -273,18 +273,34 @@ def test_every_consumer_gets_its_coverage_and_served_ne(replayed):
     assert "| cvr | conversion | 1 |" in text and "n/a: the FM does not predict this task" in text
 
 
-def test_variants_are_deterministic_given_the_seed(replayed):
-    cfg, result, _ = replayed
-    models = result["initial_models"]["models"]
-    fm = registry.load(Path(models["fm"]), FoundationModel, FMConfig)
-    ae = registry.load(Path(models["autoencoder"]), EmbeddingAutoencoder, AEConfig)
-    rows = {MAIN: replay_eval.served_rows(cfg, point_cfg(cfg, MAIN).lake.tables_path,
-                                          WINDOW.start, WINDOW.end, "synthetic")}
-    again = replay_eval.evaluate(cfg, rows, MAIN, WINDOW.test_from, fm, ae,
-                                 Vocab.load(Path(models["fm"]) / "vocab.json"), "synthetic", EVAL,
-                                 log=lambda *_: None)
-    assert [(r["model"], r["ne"], r["auc"]) for r in again["rows"]] == \
+def test_the_session_feature_is_trained_into_every_variant_on_the_same_rows(replayed, tmp_path, capsys):
+    """experiments.session_features on the finished replay: without the feature it reproduces the
+    replay's own table (the variants are deterministic given the seed); with it every VM variant
+    reads the last click (more weights), the FM is the same model; every model of both settings is
+    compared with the plain VM on the same rows and seeds."""
+    from experiments import session_features as sf
+
+    cfg, result, out = replayed
+    got = sf.compare(cfg, sf.finished_replay(cfg, out), EVAL, log=lambda *_: None)
+    without = {r["model"]: r for r in got["without"]["rows"]}
+    with_ = {r["model"]: r for r in got["with"]["rows"]}
+    assert [(r["model"], r["ne"], r["auc"]) for r in got["without"]["rows"]] == \
         [(r["model"], r["ne"], r["auc"]) for r in result["variants"]["rows"]]
+    assert list(with_) == list(without) and with_["FM"]["ne"] == without["FM"]["ne"]
+    assert all(with_[m]["params"] > without[m]["params"] for m in without if m != "FM")
+    against = {r["model"]: r for r in got["against_vm"]}
+    assert list(against) == [*without, *(m + sf.SESSION for m in without if m != "FM")]
+    assert against["VM"]["ne_vs_vm_pct"] == 0 and against["VM" + sf.SESSION]["ne"] == pytest.approx(with_["VM"]["ne"])
+    for r in got["against_vm"][1:]:
+        lo, hi = r["ne_vs_vm_pct_ci"]
+        assert np.isfinite(r["ne"]) and lo <= hi
+    text = sf.to_markdown(got)
+    assert "## Every model against the plain VM without the feature" in text and "| VM + session |" in text
+    # a replay not run: a clear error, nothing written
+    with pytest.raises(SystemExit) as e:
+        sf.main(["--reports", str(tmp_path)])
+    assert e.value.code == 2 and "run the replay first" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
 
 
 def test_consumers_learn_from_what_was_served(replayed, tmp_path):
