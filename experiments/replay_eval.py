@@ -40,7 +40,7 @@ from model.vm import TIERS, TRAINED, VerticalModel, VMConfig
 
 VARIANTS = ("VM", "VM + KD (soft labels)", "VM + SOLARIS (served)", "VM + SOLARIS (served, tier-gated)",
             "VM + SOLARIS (exact only)", "VM + FM embedding (oracle)", "FM")
-SERVED, GATED = "VM + SOLARIS (served)", "VM + SOLARIS (served, tier-gated)"
+SERVED, GATED, ORACLE = "VM + SOLARIS (served)", "VM + SOLARIS (served, tier-gated)", "VM + FM embedding (oracle)"
 
 
 @dataclass(frozen=True)
@@ -121,11 +121,9 @@ def evaluate(cfg, rows_by_point: dict[str, pd.DataFrame], main: str, test_from, 
         f"({time.perf_counter() - t0:.0f} s)")
 
     # The FM reads its own vocabulary and history length (it was trained before the replay).
-    xf = {k: model_inputs(build_examples(v, events, fm_vocab, fm.cfg.history_len, items, fm.cfg.horizon_hours), fm.inputs)
-          for k, v in splits.items()}
-    fm_p = {k: sigmoid(infer(fm, fm, v, device=device)) for k, v in xf.items()}
-    oracle = {k: infer(lambda b: ae.encode(fm.embed(b)), fm, v, device=device) for k, v in xf.items()}
-    ae.to("cpu")
+    xf, oracle, fm_p = {}, {}, {}
+    for k, v in splits.items():
+        xf[k], oracle[k], fm_p[k] = fm_pass(v, fm, ae, fm_vocab, events, items, device)
 
     def aligned(point: str) -> dict[str, pd.DataFrame]:
         """The point's served rows in the main point's order; every point served the same requests."""
@@ -144,7 +142,7 @@ def evaluate(cfg, rows_by_point: dict[str, pd.DataFrame], main: str, test_from, 
         **({"VM + KD (soft labels)": lambda k: {**x[k], "teacher": fm_p[k].astype(np.float32)}} if same_task else {}),
         SERVED: lambda k: {**x[k], **served_inputs(served[main][k], dim)},
         "VM + SOLARIS (exact only)": lambda k: {**x[k], **served_inputs(served[main][k], dim, exact_only=True)},
-        "VM + FM embedding (oracle)": lambda k: {**x[k], "fm": oracle[k].astype(np.float32),
+        ORACLE: lambda k: {**x[k], "fm": oracle[k].astype(np.float32),
                                                  "tier": np.full(len(x[k]["label"]), TIERS.index("exact"))},
     }
     sizes = vm_sizes(vocab)
@@ -211,11 +209,11 @@ def evaluate(cfg, rows_by_point: dict[str, pd.DataFrame], main: str, test_from, 
             ci = metrics.paired_bootstrap(yt, {"VM": preds["VM"][:, sel], SERVED: preds[SERVED][:, sel]},
                                           test_requests[sel], baseline="VM", resamples=ec.bootstrap_resamples,
                                           seed=seeds[0])
-        ne = {n: metrics.seed_mean_ne(yt, preds[n][:, sel]) for n in ("VM", SERVED, "VM + FM embedding (oracle)")}
+        ne = {n: metrics.seed_mean_ne(yt, preds[n][:, sel]) for n in ("VM", SERVED, ORACLE)}
         ne_masked = metrics.seed_mean_ne(yt, p_masked[:, sel])
         by_tier.append({"tier": tier, "pairs": int(sel.sum()), "share": float(sel.mean()), "ctr": float(yt.mean()),
                         "ne_vm": ne["VM"], "ne_served": ne[SERVED], "ne_served_masked": ne_masked,
-                        "ne_oracle": ne["VM + FM embedding (oracle)"],
+                        "ne_oracle": ne[ORACLE],
                         "served_vs_vm_pct": 100 * (ne[SERVED] - ne["VM"]) / ne["VM"],
                         "served_vs_vm_pct_ci": ci[SERVED]["ne_delta_pct_ci"] if ci else (float("nan"),) * 2,
                         "served_vs_masked_pct": 100 * (ne[SERVED] - ne_masked) / ne_masked})
@@ -251,7 +249,6 @@ def evaluate(cfg, rows_by_point: dict[str, pd.DataFrame], main: str, test_from, 
             "device": str(device), "seconds": round(time.perf_counter() - t0, 1)}
 
 
-ORACLE = "VM + FM embedding (oracle)"
 # The vintages of a row's code, from the oracle's to what was served: on exact rows each step is one
 # thing that separates a precomputed code from the FM run at the request.
 VINTAGES = ("as of the request (oracle)", "as of the hour start", "as of the serving run, context guessed", "as served")
@@ -295,16 +292,8 @@ def vintage_ablation(splits, all_rows, y, x_test, oracle_test, preds, seed_model
     at_hour = rows.assign(ts=hour)
     at_run = guessed_context(rows, all_rows, hour, lookback_hours).assign(ts=hour)
 
-    def fm_run(frame):
-        xf = model_inputs(build_examples(frame.drop(columns=["guessed"], errors="ignore"), events, fm_vocab,
-                                         fm.cfg.history_len, items, fm.cfg.horizon_hours), fm.inputs)
-        ae.eval()
-        codes = infer(lambda b: ae.encode(fm.embed(b)), fm, xf, device=device)
-        ae.to("cpu")
-        return codes.astype(np.float32), sigmoid(infer(fm, fm, xf, device=device))
-
-    codes_hour, fm_hour = fm_run(at_hour)
-    codes_run, _ = fm_run(at_run)
+    _, codes_hour, fm_hour = fm_pass(at_hour, fm, ae, fm_vocab, events, items, device)
+    _, codes_run, _ = fm_pass(at_run.drop(columns=["guessed"]), fm, ae, fm_vocab, events, items, device)
     x_exact = subset(x_test, np.flatnonzero(sel))
     served = np.stack(rows["embedding"].map(lambda e: np.asarray(e, np.float32)))
     codes = {VINTAGES[0]: oracle_test[sel].astype(np.float32), VINTAGES[1]: codes_hour, VINTAGES[2]: codes_run,
@@ -331,6 +320,16 @@ def vintage_ablation(splits, all_rows, y, x_test, oracle_test, preds, seed_model
             "table": [{"model": name, "ne": metrics.seed_mean_ne(ys, p),
                        "ne_vs_vm_pct": 100 * (metrics.seed_mean_ne(ys, p) - ne_vm) / ne_vm,
                        "ne_vs_vm_pct_ci": ci[name]["ne_delta_pct_ci"]} for name, p in scored.items()]}
+
+
+def fm_pass(rows: pd.DataFrame, fm, ae, fm_vocab: Vocab, events, items, device):
+    """The FM on ``rows`` as of their ts (its own vocabulary and history length): its inputs, the
+    autoencoder's codes of its embeddings (float32) and its click probabilities."""
+    xf = model_inputs(build_examples(rows, events, fm_vocab, fm.cfg.history_len, items, fm.cfg.horizon_hours), fm.inputs)
+    ae.eval()
+    codes = infer(lambda b: ae.encode(fm.embed(b)), fm, xf, device=device).astype(np.float32)
+    ae.to("cpu")
+    return xf, codes, sigmoid(infer(fm, fm, xf, device=device))
 
 
 def tiers_worse_than_vm(y: np.ndarray, tier: np.ndarray, val_preds: dict[str, np.ndarray]) -> list[str]:
