@@ -143,7 +143,7 @@ def evaluate(cfg, rows_by_point: dict[str, pd.DataFrame], main: str, test_from, 
         SERVED: lambda k: {**x[k], **served_inputs(served[main][k], dim)},
         "VM + SOLARIS (exact only)": lambda k: {**x[k], **served_inputs(served[main][k], dim, exact_only=True)},
         ORACLE: lambda k: {**x[k], "fm": oracle[k].astype(np.float32),
-                                                 "tier": np.full(len(x[k]["label"]), TIERS.index("exact"))},
+                           "tier": np.full(len(x[k]["label"]), TIERS.index("exact"))},
     }
     sizes = vm_sizes(vocab)
     seeds = tuple(ec.seeds) or (vm_train.seed,)

@@ -299,7 +299,8 @@ def plots(r: dict, out: Path) -> list[Path]:
     return paths
 
 
-def _jsonable(x):
+def jsonable(x):
+    """``json.dumps``' default for a replay's results: datetimes as ISO text, numpy scalars as numbers."""
     if isinstance(x, datetime):
         return x.isoformat()
     if hasattr(x, "item"):
@@ -309,7 +310,7 @@ def _jsonable(x):
 
 def write(r: dict, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "result.json").write_text(json.dumps(r, indent=1, default=_jsonable))
+    (out / "result.json").write_text(json.dumps(r, indent=1, default=jsonable))
     plots(r, out)
     (out / "report.md").write_text(markdown(r))
     return out

@@ -61,21 +61,18 @@ def compare(cfg, replay: dict, ec, log=print) -> dict:
     """Every VM variant trained without and with the session feature; both tables, and each model
     against the plain VM without it."""
     from experiments import replay_eval
-    from model import metrics, registry
-    from model.autoencoder import AEConfig, EmbeddingAutoencoder
-    from model.features import Vocab
+    from model import metrics
+    from model.inference import load_fm_encoder
 
     w = replay["window"]
-    fm = registry.load_declared(replay["models"]["fm"], "fm", cfg.allowed_classes)
-    ae = registry.load(replay["models"]["autoencoder"], EmbeddingAutoencoder, AEConfig)
-    fm_vocab = Vocab.load(replay["models"]["fm"] / "vocab.json")
+    fm, ae, fm_vocab = load_fm_encoder(str(replay["models"]["fm"]), str(replay["models"]["autoencoder"]),
+                                       cfg.allowed_classes)
     rows = replay_eval.served_rows(cfg, replay["tables"], w["start"], w["end"], replay["source"])
     runs = {}
     for on in (False, True):
         log(f"the VM variants {'with' if on else 'without'} the session feature")
-        res = replay_eval.evaluate(cfg, {replay["main"]: rows}, replay["main"], w["test_from"], fm, ae, fm_vocab,
-                                   replay["source"], replace(ec, session_features=on), log)
-        runs[on] = res
+        runs[on] = replay_eval.evaluate(cfg, {replay["main"]: rows}, replay["main"], w["test_from"], fm, ae, fm_vocab,
+                                        replay["source"], replace(ec, session_features=on), log)
     before, after = runs[False]["predictions"], runs[True]["predictions"]
     if not before[["request_id", "item_id"]].equals(after[["request_id", "item_id"]]):
         raise AssertionError("the two settings were tested on different rows")
@@ -85,13 +82,11 @@ def compare(cfg, replay: dict, ec, log=print) -> dict:
     y = before["label"].to_numpy()
     ci = metrics.paired_bootstrap(y, preds, before["request_id"].to_numpy(), baseline=BASELINE, reference="FM",
                                   resamples=ec.bootstrap_resamples, seed=ec.seeds[0])
-    ne_vm = metrics.seed_mean_ne(y, preds[BASELINE])
-    ne_fm = metrics.seed_mean_ne(y, preds["FM"])
-    against = [{"model": m, "ne": metrics.seed_mean_ne(y, p),
-                "ne_vs_vm_pct": 100 * (metrics.seed_mean_ne(y, p) - ne_vm) / ne_vm,
+    ne = {m: metrics.seed_mean_ne(y, p) for m, p in preds.items()}
+    against = [{"model": m, "ne": ne[m], "ne_vs_vm_pct": 100 * (ne[m] - ne[BASELINE]) / ne[BASELINE],
                 "ne_vs_vm_pct_ci": ci[m]["ne_delta_pct_ci"],
-                "transfer_ratio": metrics.transfer_ratio(ne_vm, metrics.seed_mean_ne(y, p), ne_fm),
-                "transfer_ratio_ci": ci[m].get("transfer_ratio_ci")} for m, p in preds.items()]
+                "transfer_ratio": metrics.transfer_ratio(ne[BASELINE], ne[m], ne["FM"]),
+                "transfer_ratio_ci": ci[m].get("transfer_ratio_ci")} for m in preds]
     keep = ("rows", "by_tier", "gated_tiers", "vintage_ablation", "fm_beats_vm", "window", "seeds", "seconds")
     return {"source": replay["source"], "main": replay["main"], "test_rows": int(len(y)),
             "window": {k: str(v) for k, v in w.items()},
@@ -151,14 +146,6 @@ def to_markdown(result: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def _default(o):
-    if isinstance(o, (np.floating, np.integer)):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    return str(o)
-
-
 def main(argv: list[str] | None = None) -> int:
     from experiments.replay import WINDOWS
 
@@ -176,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--resamples must be >= 1, got {a.resamples}")
 
     from experiments import replay_eval
+    from experiments.replay_report import jsonable
     from include.config import load_config
 
     cfg = load_config(a.config)
@@ -187,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         result = compare(cfg, finished_replay(cfg, out), ec, log=lambda s: print(s, flush=True))
     except (FileNotFoundError, ValueError) as e:
         p.exit(2, f"{p.prog}: error: {e}\n")
-    (out / "session_features.json").write_text(json.dumps(result, indent=1, default=_default))
+    (out / "session_features.json").write_text(json.dumps(result, indent=1, default=jsonable))
     md = to_markdown(result)
     (out / "session_features.md").write_text(md)
     print("\n" + md)

@@ -11,8 +11,8 @@ recency code: minutes ago, the same visit, reads differently from days ago). The
 MLP; the click adds to the logit a learned similarity of the candidate and the clicked item (rows of
 a table of their own, so the id rows the rest of the VM reads are left alone), weighted by the age:
 the pull of an item just clicked. A pair where either item is outside the vocabulary has no pull
-(all unknown items read one row, which would make any two of them alike). Both come from the log as of the request
-(``model.features.last_click_inputs``).
+(all unknown items read one row, which would make any two of them alike). Both come from the log
+as of the request (``model.features.last_click_inputs``).
 
 No row a test reads is untrained. A VM trained by SOLARIS reads the hour of day as a point on a
 circle (``hour_encoding = "cyclic"``), so an hour absent from its training window is read between

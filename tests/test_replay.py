@@ -296,6 +296,7 @@ def test_the_session_feature_is_trained_into_every_variant_on_the_same_rows(repl
         assert np.isfinite(r["ne"]) and lo <= hi
     text = sf.to_markdown(got)
     assert "## Every model against the plain VM without the feature" in text and "| VM + session |" in text
+    assert json.loads(json.dumps(got, default=replay_report.jsonable))["against_vm"][0]["model"] == "VM"
     # a replay not run: a clear error, nothing written
     with pytest.raises(SystemExit) as e:
         sf.main(["--reports", str(tmp_path)])
