@@ -44,6 +44,7 @@ USER root
 
 COPY pyproject.toml ./
 COPY feature_store feature_store
+COPY lookup lookup
 COPY spark_jobs spark_jobs
 COPY model model
 COPY experiments experiments

@@ -75,7 +75,7 @@ session-features: install
 	SOLARIS_LAKE_ROOT="$(EVAL_LAKE)" $(PY) -m experiments.session_features --data $(DATA) $(ARGS)
 
 serve: install
-	$(PY) -m feature_store.serve $(ARGS)
+	$(PY) -m lookup.serve $(ARGS)
 
 # Airflow's embedded default: SQLite metadata under ./airflow, this project's DAGs, Spark jobs on
 # local Spark through the solaris_spark connection. The login is printed by `airflow standalone`

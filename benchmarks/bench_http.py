@@ -5,8 +5,8 @@ the client does not eat the server's cores.
     python benchmarks/bench_http.py [--baseline-rev f12b615] [--connections 1 10 50 200] [--seconds 8] [--workers 2]
 
 Both servers serve the same in-memory snapshot (benchmarks/bench_lookup.py's synthetic lake,
-d = 32) in this process; the baseline server is the ``feature_store/serve.py`` of
-``--baseline-rev``, loaded from git. ``python -m feature_store.serve --workers N`` runs beside them
+d = 32) in this process; the baseline server is the ``lookup/serve.py`` of
+``--baseline-rev``, loaded from git. ``python -m lookup.serve --workers N`` runs beside them
 as a user runs it, over the same lake. Each request asks for 100 candidates (binary answers); wrk
 holds ``--connections`` connections open on 2 threads, so the load is the number of requests in
 flight. Plain Redis: ``redis-benchmark`` running ``HMGET`` of the same 100 fields of one hash at
@@ -35,8 +35,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 def baseline_module(rev: str):
-    """``feature_store/serve.py`` as of ``rev``, imported as a module of its own."""
-    source = subprocess.run(["git", "show", f"{rev}:feature_store/serve.py"], cwd=ROOT, capture_output=True,
+    """``lookup/serve.py`` as of ``rev``, imported as a module of its own."""
+    source = subprocess.run(["git", "show", f"{rev}:lookup/serve.py"], cwd=ROOT, capture_output=True,
                             text=True, check=True).stdout
     path = Path(tempfile.mkdtemp()) / "serve_baseline.py"
     path.write_text(source)
@@ -74,14 +74,14 @@ def redis_benchmark(port: int, fields: list[str], connections: int, requests: in
 
 
 def start_workers(lake: Path, workers: int) -> tuple[subprocess.Popen, str]:
-    """``python -m feature_store.serve`` with ``workers`` processes over the same lake, as a user runs it."""
+    """``python -m lookup.serve`` with ``workers`` processes over the same lake, as a user runs it."""
     from tests.conftest import free_port
 
     port = free_port()
     cfg = lake / "serve.toml"
     cfg.write_text(f'[lake]\nroot = "{lake}"\n[serve]\nport = {port}\nworkers = {workers}\nallow_client_now = true\n'
                    "record_misses = false\npoll_seconds = 3600\ndim = 32\n")
-    proc = subprocess.Popen([sys.executable, "-m", "feature_store.serve", "--config", str(cfg)], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "lookup.serve", "--config", str(cfg)], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     threading.Thread(target=proc.stdout.read, daemon=True).start()  # its log, drained
     url = f"http://127.0.0.1:{port}"
@@ -89,13 +89,13 @@ def start_workers(lake: Path, workers: int) -> tuple[subprocess.Popen, str]:
 
     for _ in range(600):  # ready when it answers (the workers' log lines share one pipe)
         if proc.poll() is not None:
-            sys.exit(f"feature_store.serve --workers {workers} exited {proc.returncode}")
+            sys.exit(f"lookup.serve --workers {workers} exited {proc.returncode}")
         try:
             urllib.request.urlopen(url + "/healthz", timeout=2).close()
             return proc, url
         except OSError:
             time.sleep(0.1)
-    sys.exit(f"feature_store.serve --workers {workers} did not answer in 60 s")
+    sys.exit(f"lookup.serve --workers {workers} did not answer in 60 s")
 
 
 def main(argv=None) -> int:
@@ -104,7 +104,7 @@ def main(argv=None) -> int:
     p.add_argument("--connections", type=int, nargs="+", default=[1, 10, 50, 200])
     p.add_argument("--seconds", type=float, default=8)
     p.add_argument("--users", type=int, default=20000)
-    p.add_argument("--workers", type=int, default=2, help="also run `python -m feature_store.serve` with this "
+    p.add_argument("--workers", type=int, default=2, help="also run `python -m lookup.serve` with this "
                                                            "many workers ([serve] workers; 1: skip)")
     a = p.parse_args(argv)
     for tool in ("wrk", "redis-server", "redis-benchmark"):
@@ -113,8 +113,8 @@ def main(argv=None) -> int:
 
     from bench_lookup import requests, write_lake
 
-    from feature_store.online import OnlineStore
-    from feature_store.serve import LookupServer
+    from lookup.online import OnlineStore
+    from lookup.server import LookupServer
 
     tmp = Path(tempfile.mkdtemp(prefix="solaris-http-"))
     redis_proc = workers = None
@@ -147,7 +147,7 @@ def main(argv=None) -> int:
             rb = results[("stdlib (baseline)", c)]
             results[("plain Redis HMGET", c)] = redis_benchmark(port, items, c, max(2000, int(rb["rps"] * a.seconds)))
         print(f"100 candidates per request, binary answers; wrk -t2 -c<connections> -d{a.seconds:g}s; "
-              f"baseline: feature_store/serve.py at {a.baseline_rev}")
+              f"baseline: lookup/serve.py at {a.baseline_rev}")
         print("| connections | server | requests/s | p50 ms | p99 ms | errors | p99 vs stdlib | requests/s vs stdlib |")
         print("|---:|---|---:|---:|---:|---:|---:|---:|")
         for c in a.connections:

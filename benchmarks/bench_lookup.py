@@ -107,7 +107,7 @@ def time_calls(fn, reqs, now) -> list[float]:
 
 def load_client(url: str, n: int, seconds: float, concurrency: int, users: int, per_user: int, items: int) -> dict:
     """Runs in the second process: ``concurrency`` threads, each with its own kept-alive connection."""
-    from feature_store.client import LookupClient
+    from lookup.client import LookupClient
 
     reqs = requests(users, per_user, items, n, 2000, seed=7)
     lat: list[float] = []
@@ -173,8 +173,8 @@ def main(argv=None) -> int:
         print(json.dumps(load_client(a.load_client, a.n, a.seconds, a.concurrency, a.users, a.pairs_per_user, a.items)))
         return 0
 
-    from feature_store.online import OnlineStore
-    from feature_store.serve import LookupServer
+    from lookup.online import OnlineStore
+    from lookup.server import LookupServer
 
     tmp = Path(tempfile.mkdtemp(prefix="bench_lookup_"))
     try:
@@ -199,7 +199,7 @@ def main(argv=None) -> int:
         if url:
             import redis
 
-            from feature_store.redis_store import RedisStore, publish
+            from lookup.redis_store import RedisStore, publish
 
             t0 = time.perf_counter()
             counts = publish(snap, redis.Redis.from_url(url))

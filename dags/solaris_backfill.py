@@ -19,7 +19,7 @@ from include.orchestration import DEFAULT_ARGS, gpu_routing, spark_job, write_sp
 
 @task(task_id="publish_redis")
 def publish_redis() -> str:
-    from feature_store.redis_store import publish_task
+    from lookup.redis_store import publish_task
 
     return publish_task()
 

@@ -128,7 +128,7 @@ def point_stats(spark, pcfg, w: ReplayWindow) -> dict:
 def lookup_latency(tables_root: Path, rows, requests: int = 2000) -> dict:
     """The serving path's added latency: the embedded lookup (OnlineStore, the newest snapshot)
     over the test hours' requests, one call per request, in this process."""
-    from feature_store.online import OnlineStore
+    from lookup.online import OnlineStore
 
     store = OnlineStore(tables_root, record_misses=False)
     store.poll_once()

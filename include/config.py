@@ -296,7 +296,7 @@ MODEL_SIZES = ("quick", "full", "tiny")  # the one spelling of model sizes, in c
 
 @dataclass(frozen=True)
 class ServeConfig:
-    """The online lookup service (feature_store/serve.py)."""
+    """The online lookup service (lookup/serve.py)."""
 
     host: str = "127.0.0.1"  # loopback by default: expose it deliberately
     port: int = 8765
@@ -340,7 +340,7 @@ class ServeConfig:
 
 @dataclass(frozen=True)
 class RedisConfig:
-    """Redis as the shared online backend (feature_store/redis_store.py)."""
+    """Redis as the shared online backend (lookup/redis_store.py)."""
 
     url: str = "redis://127.0.0.1:6379/0"
     prefix: str = "solaris"  # namespaces are <prefix>:<run_id>, the pointer <prefix>:current

@@ -25,6 +25,7 @@ from pyspark.sql import functions as F
 from feature_store import lake, quality
 from feature_store.tables import (INGEST_RUNS, ITEMS, REQUEST_LOG, REQUEST_LOG_QUARANTINE, TRUTH, USER_EVENTS,
                                   conform, ensure_tables)
+from spark_jobs.raw_input import InputError
 
 
 # What to try when a whole input lands in the quarantine for one reason.
@@ -121,8 +122,6 @@ def write_ingest(spark, cfg, *, source: str, input_path: str, records_in: int, r
     outside the band is a leak that training refuses; logged impressions are reported, not judged.
     ``truth``: known click probabilities of a simulated log, written to ``truth``."""
     if (problem := source_problem(source)) is not None:
-        from spark_jobs.ingest_clicklog import InputError
-
         raise InputError(problem)
     ensure_tables(spark, cfg)
     cached = []

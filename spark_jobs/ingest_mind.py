@@ -100,7 +100,7 @@ def parse_news(lines: DataFrame) -> DataFrame:
 
 
 def ingest(spark, cfg, behaviors: str, news: str | None = None, source: str = "mind"):
-    from spark_jobs.ingest_clicklog import InputError, read_error, require_path
+    from spark_jobs.raw_input import InputError, read_error, require_path
     from spark_jobs.ingest_load import quarantine_rows, write_ingest
 
     started = time.perf_counter()
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     from include.config import load_config
     from include.spark import get_spark
 
-    from spark_jobs.ingest_clicklog import InputError
+    from spark_jobs.raw_input import InputError
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
     cfg = load_config(args.config)

@@ -236,9 +236,9 @@ def test_the_http_lookup_serves_what_the_batch_job_logged(spark, lake):
     embeddings exactly."""
     import threading
 
-    from feature_store.client import LookupClient
-    from feature_store.online import OnlineStore
-    from feature_store.serve import LookupServer
+    from lookup.client import LookupClient
+    from lookup.online import OnlineStore
+    from lookup.server import LookupServer
 
     cfg, _ = lake
     start, end = T + timedelta(hours=1), T + timedelta(hours=2)
@@ -338,7 +338,7 @@ def test_a_lookup_started_before_the_first_job_leaves_miss_queue_to_the_jobs(spa
     """On an empty lake (a lookup started before any Spark job), the lookup's misses wait in its
     buffer instead of creating miss_queue; the job then creates the table from its declaration and
     the next flush lands in it."""
-    from feature_store.online import OnlineStore
+    from lookup.online import OnlineStore
     from feature_store.tables import MISS_QUEUE, ensure_table
 
     cfg = make_cfg()

@@ -6,15 +6,18 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ROOMS = ("include", "feature_store", "spark_jobs", "model", "experiments", "dags")
+ROOMS = ("include", "feature_store", "lookup", "spark_jobs", "model", "experiments", "dags")
 # What each room may import of the project's rooms (besides itself). Nothing imports experiments.
 ALLOWED = {
     "model": set(),  # a leaf library: torch, numpy, pandas, faiss, deltalake and itself
     "include": set(),  # plumbing: config, session factory, CLI helpers, SQL entry point
     "feature_store": {"include", "model"},  # model only for model.tiers and the registry, see below
+    # the online lookup reads the declarations and the tier rule of feature_store; nothing but the
+    # DAGs (which wire its publication) and the experiments imports it
+    "lookup": {"include", "feature_store", "model"},
     "spark_jobs": {"include", "feature_store", "model"},
-    "dags": {"include", "feature_store", "model"},
-    "experiments": {"include", "feature_store", "spark_jobs", "model"},
+    "dags": {"include", "feature_store", "lookup", "model"},
+    "experiments": {"include", "feature_store", "lookup", "spark_jobs", "model"},
 }
 
 
@@ -43,19 +46,42 @@ def test_each_room_imports_only_what_it_may():
     assert wrong == []
 
 
-def test_the_lookup_side_of_feature_store_uses_only_torch_free_model_modules():
-    # The online lookup must start without torch: of model/, feature_store reads the tier names and
-    # the registry's model sizes and a consumer's code space only, and importing those loads no torch.
+def test_no_two_modules_import_each_other_at_any_depth():
+    """Imports at module top and inside functions alike: a circle hides which module a name belongs to."""
+    graph = {path[:-3].replace("/", "."): names for room in ROOMS for path, names in imports(room).items()}
+    graph = {m: {n for n in names if n in graph and n != m} for m, names in graph.items()}
+    circles, done = [], set()
+
+    def visit(module, trail):
+        if module in trail:
+            circles.append(trail[trail.index(module):] + [module])
+            return
+        if module in done:
+            return
+        for n in sorted(graph[module]):
+            visit(n, trail + [module])
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [])
+    assert circles == []
+
+
+def test_the_lookup_uses_only_torch_free_model_modules():
+    # The online lookup must start without torch: of model/, the lookup and feature_store read the
+    # tier names, the registry's model sizes and a consumer's code space only, and importing those
+    # loads no torch.
     import subprocess
     import sys
 
-    used = {n for names in imports("feature_store").values() for n in names if n.startswith("model")}
+    used = {n for room in ("feature_store", "lookup") for names in imports(room).values() for n in names
+            if n.startswith("model")}
     assert used <= {"model.tiers", "model.tiers.TIERS", "model.tiers.EXACT", "model.tiers.USER_MEAN",
                     "model.tiers.NEIGHBOR", "model.tiers.NONE", "model.tiers.ITEM_MEAN",
                     "model.tiers.ORDER", "model.registry", "model.registry.code_dim",
                     "model.registry.consumer_code_version"}, used
     assert "import" not in (ROOT / "model" / "tiers.py").read_text().split('"""', 2)[2]
-    code = ("import sys, feature_store.serve, feature_store.online, feature_store.redis_store, model.registry; "
+    code = ("import sys, lookup.serve, lookup.online, lookup.redis_store, model.registry; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False", out.stderr

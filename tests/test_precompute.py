@@ -111,7 +111,7 @@ def test_a_lookup_flushing_misses_during_a_run_never_fails_it(spark, lake_root, 
     with every append that landed during the run) and prunes the rows past the retention."""
     import threading
 
-    from feature_store.online import MissRecorder
+    from lookup.online import MissRecorder
     from feature_store.tables import MISS_QUEUE, ensure_tables
 
     from tests.conftest import _test_config

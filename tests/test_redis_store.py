@@ -11,10 +11,10 @@ from datetime import timedelta
 import numpy as np
 import pytest
 
-from feature_store.client import LookupClient
-from feature_store.online import latest_publication
+from lookup.client import LookupClient
+from lookup.online import latest_publication
 from feature_store.resolution import Snapshot
-from feature_store.serve import LookupServer
+from lookup.server import LookupServer
 from tests.conftest import free_port
 from tests.test_serve import ITEMS, NOW, T, publish, write_version
 
@@ -50,7 +50,7 @@ def redis_url(tmp_path_factory):
 def published(tmp_path, redis_url):
     import redis
 
-    from feature_store.redis_store import publish as publish_redis
+    from lookup.redis_store import publish as publish_redis
 
     root = tmp_path / "tables"
     write_version(root, seed=3)
@@ -65,7 +65,7 @@ USERS = ["u3", "u17", "u40", "v5", "v11", "nobody"]
 
 
 def test_redis_answers_equal_the_embedded_snapshot(published, redis_url):
-    from feature_store.redis_store import RedisStore
+    from lookup.redis_store import RedisStore
 
     root, snap, counts = published
     assert counts["pairs"] == snap.stats["pairs"] and counts["user_means"] == snap.stats["user_means"]
@@ -85,8 +85,8 @@ def test_redis_answers_equal_the_embedded_snapshot(published, redis_url):
 def test_a_new_publication_switches_the_pointer_and_expires_the_old_namespace(published, redis_url):
     import redis
 
-    from feature_store.redis_store import RedisStore
-    from feature_store.redis_store import publish as publish_redis
+    from lookup.redis_store import RedisStore
+    from lookup.redis_store import publish as publish_redis
 
     root, _, first = published
     write_version(root, seed=4)
@@ -108,7 +108,7 @@ def test_a_new_publication_switches_the_pointer_and_expires_the_old_namespace(pu
 
 
 def test_the_http_service_on_the_redis_backend(published, redis_url):
-    from feature_store.redis_store import RedisStore
+    from lookup.redis_store import RedisStore
 
     _, snap, _ = published
     store = RedisStore(redis_url, prefix="t")
@@ -130,7 +130,7 @@ def test_the_http_service_on_the_redis_backend(published, redis_url):
 
 
 def test_nothing_published_to_redis_serves_none_and_is_not_ready(redis_url):
-    from feature_store.redis_store import RedisStore
+    from lookup.redis_store import RedisStore
 
     store = RedisStore(redis_url, prefix="empty")
     emb, tiers, run_id = store.lookup("u1", ["i1"], NOW)
@@ -159,8 +159,8 @@ def serve_on_own_redis(tmp_path, snap, prefix: str):
     (redis process, its url, store, server). The caller stops them."""
     import redis
 
-    from feature_store.redis_store import RedisStore
-    from feature_store.redis_store import publish as publish_redis
+    from lookup.redis_store import RedisStore
+    from lookup.redis_store import publish as publish_redis
 
     port = free_port()
     proc = start_redis(tmp_path, port)
@@ -177,7 +177,7 @@ def test_redis_down_while_serving_is_a_clear_503_and_serving_resumes(tmp_path, r
     hung), /readyz says not ready; once Redis and its data are back, answers come again."""
     import redis
 
-    from feature_store.redis_store import publish as publish_redis
+    from lookup.redis_store import publish as publish_redis
 
     root = tmp_path / "tables"
     write_version(root, seed=3)
@@ -211,8 +211,8 @@ def test_redis_down_during_publish_fails_the_task_and_keeps_the_served_namespace
     dies midway never switches the pointer: readers stay on the namespace they had."""
     import redis
 
-    from feature_store.redis_store import RedisStore
-    from feature_store.redis_store import publish as publish_redis
+    from lookup.redis_store import RedisStore
+    from lookup.redis_store import publish as publish_redis
 
     root, snap, _ = published
     dead = f"redis://127.0.0.1:{free_port()}/0"
@@ -249,8 +249,8 @@ def test_the_item_tier_on_redis_equals_the_embedded_snapshot(tmp_path, redis_url
     import redis
     from deltalake import write_deltalake
 
-    from feature_store.redis_store import RedisStore
-    from feature_store.redis_store import publish as publish_redis
+    from lookup.redis_store import RedisStore
+    from lookup.redis_store import publish as publish_redis
     from model.tiers import ITEM_MEAN, NEIGHBOR
     from tests.test_serve import TS, mean_table
 
@@ -287,8 +287,8 @@ def test_a_republished_run_gets_a_new_namespace_and_leaves_nothing_behind(publis
     writes a fresh namespace and switches to it: a pair the new copy lacks is no longer served."""
     import redis
 
-    from feature_store.redis_store import RedisStore
-    from feature_store.redis_store import publish as publish_redis
+    from lookup.redis_store import RedisStore
+    from lookup.redis_store import publish as publish_redis
 
     _, snap, first = published
     r = redis.Redis.from_url(redis_url)
@@ -307,7 +307,7 @@ def test_a_stale_pointer_or_codes_of_another_size_are_not_ready(published, redis
     so, instead of ready with zeros. Codes of another size than the lookup answers: the same."""
     import redis
 
-    from feature_store.redis_store import RedisStore
+    from lookup.redis_store import RedisStore
 
     _, snap, counts = published
     wrong = RedisStore(redis_url, prefix="t", pointer_seconds=0, dim=snap.dim * 2)

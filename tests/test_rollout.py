@@ -52,9 +52,10 @@ def airflow_runner(cfg, tmp_path):
 def test_a_rollout_never_answers_a_consumer_in_another_code_space(spark, lake_root, base_lake, tmp_path):
     from deltalake import DeltaTable
 
-    from feature_store.client import LookupClient
-    from feature_store.online import OnlineStore
-    from feature_store.serve import ConsumerCodeSpaces, LookupServer
+    from lookup.client import LookupClient
+    from lookup.online import OnlineStore
+    from lookup.app import ConsumerCodeSpaces
+    from lookup.server import LookupServer
     from include.config import load_config
     from model import registry
 

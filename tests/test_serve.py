@@ -14,11 +14,12 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from feature_store.client import LookupClient, LookupFailed
-from feature_store.online import OnlineStore
+from lookup.client import LookupClient, LookupFailed
+from lookup.online import OnlineStore
 from feature_store.resolution import Snapshot
-from feature_store.serve import ConsumerCodeSpaces, LookupServer
-from feature_store.wire import decode_binary, encode_binary
+from lookup.app import ConsumerCodeSpaces
+from lookup.server import LookupServer
+from lookup.wire import decode_binary, encode_binary
 
 T = datetime(2026, 1, 5, 12)
 TS = pa.timestamp("us", tz="UTC")
@@ -334,7 +335,7 @@ def test_misses_are_flushed_to_the_miss_queue(server, tables):
 
 
 def test_a_full_miss_buffer_drops_and_counts_without_blocking(tmp_path):
-    from feature_store.online import MissRecorder
+    from lookup.online import MissRecorder
 
     rec = MissRecorder(tmp_path / "no_table_yet", capacity=3, flush_seconds=60)
     rec.add("u", ["a", "b"], NOW)
@@ -351,7 +352,7 @@ def test_a_full_miss_buffer_drops_and_counts_without_blocking(tmp_path):
 def test_one_client_cannot_flood_the_miss_queue(tmp_path):
     """A client replaying the same misses, or one user asking for thousands of items, queues each
     pair once and at most ``per_user`` pairs per flush interval; other users' misses still fit."""
-    from feature_store.online import MissRecorder
+    from lookup.online import MissRecorder
 
     rec = MissRecorder(tmp_path / "no_table_yet", capacity=1000, flush_seconds=60, per_user=50)
     for _ in range(100):
@@ -391,7 +392,7 @@ def test_ids_that_cannot_be_stored_get_400_and_miss_recording_goes_on(server, ta
 def test_the_miss_flusher_survives_bad_rows_and_failed_writes(tmp_path):
     """Rows with unstorable ids (only a direct caller can bring them) are rejected and counted, the
     rest of the batch is written; a failed write is counted, shown and retried with nothing lost."""
-    from feature_store.online import MissRecorder
+    from lookup.online import MissRecorder
 
     target = tmp_path / "miss_queue"
     target.write_text("a file where the table should be")  # every write fails until it is gone
@@ -635,7 +636,7 @@ def test_shutdown_answers_a_request_that_reaches_a_kept_alive_connection(tables)
 
 @contextmanager
 def running_service(tables, tmp_path, **serve):
-    """``python -m feature_store.serve`` on the tables, as a process: yields it and its URL once it
+    """``python -m lookup.serve`` on the tables, as a process: yields it and its URL once it
     answers /healthz and every worker process exists, and kills it after if it is still running.
     Readiness is asked over HTTP, not read from the log: the workers' lines share one pipe."""
     import subprocess
@@ -650,7 +651,7 @@ def running_service(tables, tmp_path, **serve):
     cfg = tmp_path / "serve.toml"
     cfg.write_text(f'[lake]\nroot = "{tables.parent}"\n[serve]\nport = {port}\nallow_client_now = true\n'
                    + "".join(f"{k} = {v}\n" for k, v in serve.items()))
-    proc = subprocess.Popen([sys.executable, "-m", "feature_store.serve", "--config", str(cfg)], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "lookup.serve", "--config", str(cfg)], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     log: list[str] = []
     threading.Thread(target=lambda: log.extend(proc.stdout), daemon=True).start()  # drained from the start
@@ -772,7 +773,7 @@ def test_workers_must_be_a_sane_count():
 
 
 def test_head_limits_count_lines_once_whatever_the_chunking():
-    from feature_store.serve import MAX_HEADER_LINE, MAX_HEADERS, MAX_REQUEST_LINE, HeadLimits
+    from lookup.protocol import MAX_HEADER_LINE, MAX_HEADERS, MAX_REQUEST_LINE, HeadLimits
 
     def fed(*chunks):
         h = HeadLimits()

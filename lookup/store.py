@@ -1,5 +1,5 @@
-"""The interface every online store implements: the embedded snapshot store (feature_store/online.py)
-and Redis (feature_store/redis_store.py). The HTTP service (feature_store/serve.py) and the replay
+"""The interface every online store implements: the embedded snapshot store (lookup/online.py)
+and Redis (lookup/redis_store.py). The HTTP service (lookup/serve.py) and the replay
 talk to a store only through it, so one can stand in for the other."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The lookup's binary answer format, shared by the server (feature_store/serve.py) and the client
-(feature_store/client.py) so neither imports the other."""
+"""The lookup's binary answer format, shared by the server (lookup/serve.py) and the client
+(lookup/client.py) so neither imports the other."""
 
 from __future__ import annotations
 

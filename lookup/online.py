@@ -29,7 +29,7 @@ from deltalake import write_deltalake
 from feature_store.ids import id_problem
 from feature_store.lake import arrow_schema, as_utc, read_arrow, table_path, utc_now
 from feature_store.resolution import EXACT, NONE, Snapshot
-from feature_store.store import LookupStore
+from lookup.store import LookupStore
 from feature_store.tables import FEATURE_VERSIONS, MISS_QUEUE
 
 log = logging.getLogger("solaris.online")

@@ -1,6 +1,6 @@
 """A small client for the lookup service: one kept-alive connection, binary responses by default.
 
-    from feature_store.client import LookupClient
+    from lookup.client import LookupClient
     with LookupClient("http://127.0.0.1:8765") as c:
         embeddings, tiers, snapshot = c.lookup("u1", ["i1", "i2"])
 """
@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from feature_store.resolution import TIERS
-from feature_store.wire import BINARY_TYPE, decode_binary
+from lookup.wire import BINARY_TYPE, decode_binary
 
 
 class LookupFailed(RuntimeError):

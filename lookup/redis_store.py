@@ -1,7 +1,7 @@
 """Redis as the shared online backend, for many serving replicas.
 
-    python -m feature_store.redis_store --redis-url redis://127.0.0.1:6379/0 [--config F]   (after publish)
-    python -m feature_store.serve --backend redis --redis-url redis://127.0.0.1:6379/0
+    python -m lookup.redis_store --redis-url redis://127.0.0.1:6379/0 [--config F]   (after publish)
+    python -m lookup.serve --backend redis --redis-url redis://127.0.0.1:6379/0
 
 The publish step copies the newest published snapshot (read with delta-rs) into a namespace of
 its own, ``<prefix>:<run_id>:<publish time>``, then points ``<prefix>:current`` at it in one SET; the previous
@@ -34,7 +34,7 @@ import numpy as np
 
 from feature_store.lake import utc_now
 from feature_store.resolution import NONE, Snapshot
-from feature_store.store import LookupStore, StoreUnavailable
+from lookup.store import LookupStore, StoreUnavailable
 
 SEP = "\x1f"
 
@@ -250,7 +250,7 @@ def publish_latest(cfg, url: str | None = None, prefix: str | None = None) -> di
     ``LookupError`` when nothing is published yet."""
     import redis
 
-    from feature_store.online import latest_publication
+    from lookup.online import latest_publication
 
     tables = cfg.lake.tables_path
     pub = latest_publication(tables)
@@ -271,7 +271,7 @@ def publish_task() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m feature_store.redis_store", description="Publish the newest snapshot to Redis.")
+    p = argparse.ArgumentParser(prog="python -m lookup.redis_store", description="Publish the newest snapshot to Redis.")
     p.add_argument("--config", help="SOLARIS TOML config (the lake root, [redis])")
     p.add_argument("--redis-url", help="default: [redis] url")
     p.add_argument("--prefix", help="default: [redis] prefix")
