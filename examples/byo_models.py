@@ -7,7 +7,7 @@
 - ``FactorizedVM``: a factorization-machine VM (Rendle, 2010): a bias per field value plus the
   pairwise dot products of the field embeddings, and a linear read of the served FM embedding.
 
-Use them with (README, "Bring your own FM and VM")::
+Use them with (docs/models.md, "Bring your own FM and VM")::
 
     [models]
     fm_class = "examples.byo_models.CrossNetworkFM"

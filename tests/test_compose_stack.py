@@ -6,8 +6,8 @@ back: the tables through `include.sql` in the job container, the lookup containe
 namespace in Redis. `docker compose down -v` at the end.
 
 It needs root (dockerd, debootstrap), Debian's docker.io and debootstrap, the compose plugin, and
-several minutes: it runs with `make test-compose`, not in `make test` (docs in the README's
-docker-compose section). The engine keeps its images under ``SOLARIS_DOCKER_ROOT`` (default
+several minutes: it runs with `make test-compose`, not in `make test` (docs in
+docs/compose.md). The engine keeps its images under ``SOLARIS_DOCKER_ROOT`` (default
 ``~/.cache/solaris/dockerd``) so a second run reuses the built layers; its socket, state and logs
 live in the test's temporary folder, and it is stopped by its PID.
 """
