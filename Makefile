@@ -33,7 +33,10 @@ $(STAMP): requirements.txt requirements.lock pyproject.toml
 	$(PY) -c "import pyspark.sql, delta, torch, faiss, great_expectations, deltalake, airflow; print('installed: pyspark', pyspark.__version__, '| torch', torch.__version__)"
 	@touch $@
 
+# The Delta jars (from Maven Central) and the Spark driver's class-data archive for this machine's Java
+# (a driver JVM starts in about half the time; include/class_data.py): built once, a second after.
 install: $(STAMP)
+	@$(PY) -m include.class_data
 
 demo: install
 	$(PY) -m spark_jobs.pipeline $(ARGS)
@@ -43,10 +46,11 @@ demo: install
 # process: on a 2-core machine two workers were no faster (the Spark jobs already use both cores).
 PYTEST_WORKERS ?= 0
 test: install
+	$(PY) -m tests.maven_jars
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # The inner loop: tests marked unit (no Spark, Airflow, browser, Redis or Compose). Markers in pyproject.toml.
-test-fast: install
+test-fast: $(STAMP)
 	$(PY) -m pytest -m unit $(PYTEST_ARGS)
 
 # docker-compose.yml for real (tests/test_compose_stack.py): its own dockerd, the images built from a

@@ -176,47 +176,13 @@ def evaluate(cfg, rows_by_point: dict[str, pd.DataFrame], main: str, test_from, 
         preds["FM"] = fm_p["test"][None, :]
     ne_vm = metrics.seed_mean_ne(y, preds["VM"])
     ne_fm = metrics.seed_mean_ne(y, preds["FM"]) if same_task else float("nan")
-    rows = []
-    for name in variants:
-        s = metrics.summary(y, preds[name])
-        rows.append({"model": name, "params": n_params(models.get(name, fm)), **s,
-                     "ne_vs_vm_pct": 100 * (s["ne"] - ne_vm) / ne_vm,
-                     "transfer_ratio": metrics.transfer_ratio(ne_vm, s["ne"], ne_fm) if name != "FM"
-                     else (1.0 if ne_fm < ne_vm else float("nan"))})
-    intervals = metrics.paired_bootstrap(y, {n: preds[n] for n in variants}, splits["test"]["request_id"].to_numpy(),
-                                         baseline="VM", reference="FM" if same_task else None,
-                                         resamples=ec.bootstrap_resamples, seed=seeds[0])
-    for r in rows:
-        ci = intervals[r["model"]]
-        r.update(ne_ci=ci["ne"], auc_ci=ci["auc"], ne_vs_vm_pct_ci=ci["ne_delta_pct_ci"], auc_vs_vm=ci["auc_delta"],
-                 auc_vs_vm_ci=ci["auc_delta_ci"], transfer_ratio_ci=ci.get("transfer_ratio_ci"))
+    test_requests = splits["test"]["request_id"].to_numpy()
+    params = {name: n_params(models.get(name, fm)) for name in variants}
+    rows, intervals = compare(y, preds, variants, params, test_requests, same_task, ec, seeds[0])
 
-    # Does a fallback embedding help or hurt? The served model on each tier's rows, against the VM
-    # and against the same model fed "nothing served" on those rows; every seed, intervals over both.
     xt = inputs[SERVED]("test")
     p_masked = np.stack([sigmoid(infer(m, m, masked(xt), device=device)) for m in served_models])
-    test_requests = splits["test"]["request_id"].to_numpy()
-    by_tier = []
-    for tier in ORDER:
-        sel = xt["tier"] == TIERS.index(tier)
-        if not sel.any():
-            by_tier.append({"tier": tier, "pairs": 0, "share": 0.0})
-            continue
-        yt = y[sel]
-        if yt.min() == yt.max():  # one class only: the entropy of its rate is 0, NE has no meaning there
-            ci = {}
-        else:
-            ci = metrics.paired_bootstrap(yt, {"VM": preds["VM"][:, sel], SERVED: preds[SERVED][:, sel]},
-                                          test_requests[sel], baseline="VM", resamples=ec.bootstrap_resamples,
-                                          seed=seeds[0])
-        ne = {n: metrics.seed_mean_ne(yt, preds[n][:, sel]) for n in ("VM", SERVED, ORACLE)}
-        ne_masked = metrics.seed_mean_ne(yt, p_masked[:, sel])
-        by_tier.append({"tier": tier, "pairs": int(sel.sum()), "share": float(sel.mean()), "ctr": float(yt.mean()),
-                        "ne_vm": ne["VM"], "ne_served": ne[SERVED], "ne_served_masked": ne_masked,
-                        "ne_oracle": ne[ORACLE],
-                        "served_vs_vm_pct": 100 * (ne[SERVED] - ne["VM"]) / ne["VM"],
-                        "served_vs_vm_pct_ci": ci[SERVED]["ne_delta_pct_ci"] if ci else (float("nan"),) * 2,
-                        "served_vs_masked_pct": 100 * (ne[SERVED] - ne_masked) / ne_masked})
+    by_tier = served_by_tier(y, xt["tier"], preds, p_masked, test_requests, ec, seeds[0])
 
     by_point = []
     for point in rows_by_point:
@@ -247,6 +213,57 @@ def evaluate(cfg, rows_by_point: dict[str, pd.DataFrame], main: str, test_from, 
                            "to": str(v["ts"].max()), "ctr": float(v["label"].mean())} for k, v in splits.items()},
             "fm_online_ms": fm_request_latency(fm, ae, xf["test"], splits["test"]["request_id"].to_numpy()),
             "device": str(device), "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def compare(y: np.ndarray, preds: dict, variants: list[str], params: dict, requests: np.ndarray, same_task: bool,
+            ec: ReplayEvalConfig, seed: int) -> tuple[list[dict], dict]:
+    """One row per variant on the test rows (NE, AUC, calibration, against the VM, transfer ratio)
+    with its paired-bootstrap intervals over requests and seeds; and the bootstrap's answer."""
+    ne_vm = metrics.seed_mean_ne(y, preds["VM"])
+    ne_fm = metrics.seed_mean_ne(y, preds["FM"]) if same_task else float("nan")
+    rows = []
+    for name in variants:
+        s = metrics.summary(y, preds[name])
+        rows.append({"model": name, "params": params[name], **s,
+                     "ne_vs_vm_pct": 100 * (s["ne"] - ne_vm) / ne_vm,
+                     "transfer_ratio": metrics.transfer_ratio(ne_vm, s["ne"], ne_fm) if name != "FM"
+                     else (1.0 if ne_fm < ne_vm else float("nan"))})
+    intervals = metrics.paired_bootstrap(y, {n: preds[n] for n in variants}, requests, baseline="VM",
+                                         reference="FM" if same_task else None, resamples=ec.bootstrap_resamples,
+                                         seed=seed)
+    for r in rows:
+        ci = intervals[r["model"]]
+        r.update(ne_ci=ci["ne"], auc_ci=ci["auc"], ne_vs_vm_pct_ci=ci["ne_delta_pct_ci"], auc_vs_vm=ci["auc_delta"],
+                 auc_vs_vm_ci=ci["auc_delta_ci"], transfer_ratio_ci=ci.get("transfer_ratio_ci"))
+    return rows, intervals
+
+
+def served_by_tier(y: np.ndarray, tiers: np.ndarray, preds: dict, p_masked: np.ndarray, requests: np.ndarray,
+                   ec: ReplayEvalConfig, seed: int) -> list[dict]:
+    """Does a fallback embedding help or hurt? The served model on each tier's rows, against the VM
+    and against the same model fed "nothing served" on those rows (``p_masked``); every seed,
+    intervals over both."""
+    by_tier = []
+    for tier in ORDER:
+        sel = tiers == TIERS.index(tier)
+        if not sel.any():
+            by_tier.append({"tier": tier, "pairs": 0, "share": 0.0})
+            continue
+        yt = y[sel]
+        if yt.min() == yt.max():  # one class only: the entropy of its rate is 0, NE has no meaning there
+            ci = {}
+        else:
+            ci = metrics.paired_bootstrap(yt, {"VM": preds["VM"][:, sel], SERVED: preds[SERVED][:, sel]},
+                                          requests[sel], baseline="VM", resamples=ec.bootstrap_resamples, seed=seed)
+        ne = {n: metrics.seed_mean_ne(yt, preds[n][:, sel]) for n in ("VM", SERVED, ORACLE)}
+        ne_masked = metrics.seed_mean_ne(yt, p_masked[:, sel])
+        by_tier.append({"tier": tier, "pairs": int(sel.sum()), "share": float(sel.mean()), "ctr": float(yt.mean()),
+                        "ne_vm": ne["VM"], "ne_served": ne[SERVED], "ne_served_masked": ne_masked,
+                        "ne_oracle": ne[ORACLE],
+                        "served_vs_vm_pct": 100 * (ne[SERVED] - ne["VM"]) / ne["VM"],
+                        "served_vs_vm_pct_ci": ci[SERVED]["ne_delta_pct_ci"] if ci else (float("nan"),) * 2,
+                        "served_vs_masked_pct": 100 * (ne[SERVED] - ne_masked) / ne_masked})
+    return by_tier
 
 
 # The vintages of a row's code, from the oracle's to what was served: on exact rows each step is one

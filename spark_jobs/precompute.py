@@ -56,19 +56,23 @@ class RunCounters:
         return {k: v for k, v in asdict(self).items() if k != "stage_seconds"}
 
 
+class Laps:
+    """Seconds per stage of a run, in order: ``lap(name)`` closes the stage that began at the last lap."""
+
+    def __init__(self):
+        self.started = self.mark = time.perf_counter()
+        self.stages: list[tuple[str, float]] = []
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.stages.append((name, now - self.mark))
+        self.mark = now
+
+
 def run(spark, cfg, t: datetime) -> RunCounters:
     from model import interface, registry
-    from model.autoencoder import AEConfig, EmbeddingAutoencoder
 
-    started = time.perf_counter()
-    stages: list[tuple[str, float]] = []
-    mark = [started]
-
-    def lap(name: str) -> None:
-        now = time.perf_counter()
-        stages.append((name, now - mark[0]))
-        mark[0] = now
-
+    laps = Laps()
     pc, db = cfg.precompute, cfg.lake.database
     start = speculate.window_start(pc, t)
     models = registry.resolve_models(cfg)  # fails here, before any work, if a checkpoint is missing
@@ -77,70 +81,28 @@ def run(spark, cfg, t: datetime) -> RunCounters:
     spaces = written_spaces(spark, cfg, t)  # the code spaces this run writes: the newest, and in a rollout the consumers'
     fm_version = spaces.newest
     rollout_version = next((v for v in spaces.models if v != fm_version), None)
-    writers = {}
-    for version, paths in spaces.models.items():
-        ae = registry.load(paths["autoencoder"], EmbeddingAutoencoder, AEConfig)  # fails here if it does not match
-        # and here if the config does not allow the class the version holds
-        fm_cls = interface.fm_class(registry.stored_class(paths["fm"]), cfg.allowed_classes)
-        writers[version] = (paths, fm_cls, ae.cfg.code_dim)
+    writers = code_writers(cfg, spaces)
     interface.vm_class(registry.stored_class(models["vm"]), cfg.allowed_classes)  # and the verifier's
     specs = (REQUEST_LOG, USER_EVENTS, ITEMS, PAIR_EMBEDDINGS, VERIFIER_SCORES, MISS_QUEUE, MISS_CONSUMPTION,
              PRECOMPUTE_RUNS)
     ensure_tables(spark, cfg, specs)
-    lap("setup")
+    laps.lap("setup")
     name = {s.name: qualified_name(s, db) for s in specs}
 
-    window = in_time_range(spark.table(name["request_log"]), start, t)
     # Waiting misses, plus those this same run took in before (a rerun must see the same queue).
     queue = miss_queue.waiting(spark, db, before=t, run_id=run_id)
-    stored = spark.table(name["pair_embeddings"])
-    # Fresh = computed before t and still valid after it. Rows computed at t are this run's own
-    # (from an earlier attempt at the same interval); counting them would make a rerun differ.
-    # Fresh in the newest code space: in a rollout a pair the consumers' space has fresh is chosen
-    # anew, and written in both.
-    fresh = stored.where((F.col("computed_at") < F.lit(t)) & (F.col("expires_at") > F.lit(t))
-                         & (F.col("model_version") == F.lit(fm_version))) \
-        .select("user_id", "item_id", "expires_at")
+    audit = speculate_and_audit(spark, cfg, t, name, queue, models["vm"], fm_version)
+    laps.lap("speculate+verify")
 
-    cands = speculate.candidates(window, queue, pc)
-    scored = speculate.score(cands, models["vm"], t, cfg.allowed_classes).persist()
-    try:
-        decided = speculate.select(scored, fresh, pc, t)
-        audit = conform(decided.withColumn("run_id", F.lit(run_id)), VERIFIER_SCORES)
-        lake.replace(cfg, VERIFIER_SCORES, audit, f"run_id = '{run_id}'")
-    finally:
-        scored.unpersist()
-    lap("speculate+verify")
-
-    audit = spark.table(name["verifier_scores"]).where(F.col("run_id") == run_id)
     selected = audit.where("selected").select("user_id", "item_id", "device", "surface")
-    device, task_gpus = embed_pairs.fm_device(cfg)
-    rows = None
-    for version, (paths, fm_cls, code_dim) in writers.items():
-        fm_cfg = registry.read_json(paths["fm"], "config.json")["config"]
-        pairs = embed_pairs.with_fm_inputs(selected, spark.table(name["user_events"]), spark.table(name["items"]), t,
-                                           fm_cfg["history_len"], fm_cfg["horizon_hours"], fm_cls.inputs)
-        embedded = embed_pairs.embed(pairs, paths["fm"], paths["autoencoder"], t, device, cfg.allowed_classes,
-                                     task_gpus)
-        written = embed_pairs.to_rows(embedded, t, pc.ttl_hours, version, run_id)
-        rows = written if rows is None else rows.unionByName(written)
-    rows = rows.persist()
-    try:
-        for version, (_, _, code_dim) in writers.items():
-            embed_pairs.check_embeddings(rows.where(F.col("model_version") == version), code_dim)
-        n_embedded = rows.count()
-        lap("embed")  # the FM inputs built, the FM and autoencoder run: the rows are cached here
-        lake.upsert(spark, cfg, PAIR_EMBEDDINGS, rows)
-    finally:
-        rows.unpersist()
-    lap("merge")
+    n_embedded = embed_and_merge(spark, cfg, t, name, selected, writers, laps)
+    laps.lap("merge")
 
     miss_queue.consume(spark, cfg, queue, audit.where(F.col("origin") == "miss_queue"), run_id)
     pruned = miss_queue.prune(cfg, t - timedelta(hours=pc.queue_retention_hours))
-
-    lap("miss queue")
+    laps.lap("miss queue")
     expired = expire(spark, cfg, t)
-    lap("expire+vacuum")
+    laps.lap("expire+vacuum")
     counts = audit.agg(F.count(F.lit(1)).alias("scored"), F.sum(F.col("selected").cast("int")).alias("selected"),
                        F.sum(((~F.col("selected")) & F.col("fresh_until").isNotNull()
                               & (F.col("fresh_until") > F.lit(t + timedelta(minutes=pc.fresh_margin_minutes)))
@@ -152,12 +114,77 @@ def run(spark, cfg, t: datetime) -> RunCounters:
                            pairs_selected=counts.selected or 0, already_fresh=counts.fresh or 0,
                            pairs_embedded=n_embedded, expired_removed=expired, queue_in=counts.queue_in or 0,
                            queue_waiting=waiting, queue_pruned=pruned, vm_version="/".join(models["vm"].rsplit("/", 2)[-2:]),
-                           fm_version=fm_version, seconds=round(time.perf_counter() - started, 2),
+                           fm_version=fm_version, seconds=round(time.perf_counter() - laps.started, 2),
                            rollout_code_version=rollout_version)
     row = conform(spark.createDataFrame([counters.row()], PRECOMPUTE_RUNS.schema()), PRECOMPUTE_RUNS)
     lake.upsert(spark, cfg, PRECOMPUTE_RUNS, row)
-    lap("counters")
-    return replace(counters, stage_seconds=tuple(stages))
+    laps.lap("counters")
+    return replace(counters, stage_seconds=tuple(laps.stages))
+
+
+def code_writers(cfg, spaces) -> dict:
+    """code space -> (its model paths, its FM class, its code size): each checked before any work,
+    failing here if an autoencoder does not match its config or the config does not allow an FM's class."""
+    from model import interface, registry
+    from model.autoencoder import AEConfig, EmbeddingAutoencoder
+
+    writers = {}
+    for version, paths in spaces.models.items():
+        ae = registry.load(paths["autoencoder"], EmbeddingAutoencoder, AEConfig)
+        fm_cls = interface.fm_class(registry.stored_class(paths["fm"]), cfg.allowed_classes)
+        writers[version] = (paths, fm_cls, ae.cfg.code_dim)
+    return writers
+
+
+def speculate_and_audit(spark, cfg, t: datetime, name: dict, queue, verifier: str, fm_version: str):
+    """Score the window's candidates and the waiting misses with the verifier VM, select the budget,
+    and replace the run's partition of ``verifier_scores`` with every pair scored: the audit, which
+    the rest of the run reads back (the selection is decided once, and a rerun decides it again)."""
+    pc, run_id = cfg.precompute, lake.run_id(t)
+    window = in_time_range(spark.table(name["request_log"]), speculate.window_start(pc, t), t)
+    # Fresh = computed before t and still valid after it. Rows computed at t are this run's own
+    # (from an earlier attempt at the same interval); counting them would make a rerun differ.
+    # Fresh in the newest code space: in a rollout a pair the consumers' space has fresh is chosen
+    # anew, and written in both.
+    fresh = spark.table(name["pair_embeddings"]) \
+        .where((F.col("computed_at") < F.lit(t)) & (F.col("expires_at") > F.lit(t))
+               & (F.col("model_version") == F.lit(fm_version))) \
+        .select("user_id", "item_id", "expires_at")
+    scored = speculate.score(speculate.candidates(window, queue, pc), verifier, t, cfg.allowed_classes).persist()
+    try:
+        decided = speculate.select(scored, fresh, pc, t)
+        lake.replace(cfg, VERIFIER_SCORES, conform(decided.withColumn("run_id", F.lit(run_id)), VERIFIER_SCORES),
+                     f"run_id = '{run_id}'")
+    finally:
+        scored.unpersist()
+    return spark.table(name["verifier_scores"]).where(F.col("run_id") == run_id)
+
+
+def embed_and_merge(spark, cfg, t: datetime, name: dict, selected, writers: dict, laps: Laps) -> int:
+    """The selected pairs' FM inputs as of t, the FM and autoencoder run in every code space written,
+    the codes checked (size, finite) and MERGEd into ``pair_embeddings``; returns the rows written."""
+    from model import registry
+
+    device, task_gpus = embed_pairs.fm_device(cfg)
+    run_id, rows = lake.run_id(t), None
+    for version, (paths, fm_cls, _) in writers.items():
+        fm_cfg = registry.read_json(paths["fm"], "config.json")["config"]
+        pairs = embed_pairs.with_fm_inputs(selected, spark.table(name["user_events"]), spark.table(name["items"]), t,
+                                           fm_cfg["history_len"], fm_cfg["horizon_hours"], fm_cls.inputs)
+        embedded = embed_pairs.embed(pairs, paths["fm"], paths["autoencoder"], t, device, cfg.allowed_classes,
+                                     task_gpus)
+        written = embed_pairs.to_rows(embedded, t, cfg.precompute.ttl_hours, version, run_id)
+        rows = written if rows is None else rows.unionByName(written)
+    rows = rows.persist()
+    try:
+        for version, (_, _, code_dim) in writers.items():
+            embed_pairs.check_embeddings(rows.where(F.col("model_version") == version), code_dim)
+        n_embedded = rows.count()
+        laps.lap("embed")  # the FM inputs built, the FM and autoencoder run: the rows are cached here
+        lake.upsert(spark, cfg, PAIR_EMBEDDINGS, rows)
+    finally:
+        rows.unpersist()
+    return n_embedded
 
 
 def written_spaces(spark, cfg, t: datetime):

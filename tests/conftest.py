@@ -118,6 +118,29 @@ def shared_datasets() -> Path:
     return SHARED_DATASETS
 
 
+@pytest.fixture(scope="session")
+def airflow_db(tmp_path_factory) -> Path:
+    """An Airflow metadata database (SQLite) migrated once per run; ``airflow_home`` copies it into
+    each test's own AIRFLOW_HOME, so no test migrates a database of its own."""
+    import subprocess
+
+    home = tmp_path_factory.mktemp("airflow_db")
+    env = {**os.environ, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
+    p = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return home / "airflow.db"
+
+
+def airflow_home(db: Path, home: Path) -> Path:
+    """``home`` as an AIRFLOW_HOME holding a copy of the migrated database ``db``."""
+    import shutil
+
+    home.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(db, home / "airflow.db")
+    return home
+
+
 def python() -> str:
     return sys.executable
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, wait_for
 
 pytestmark = pytest.mark.compose
 
@@ -275,7 +276,21 @@ def test_the_spark_cluster_runs_only_jobs_that_hold_its_secret(tmp_path):
 
         ok = driver({**cluster.env, "SPARK_SUBMIT_OPTS": submit_opts}, 240)
         assert isinstance(ok, subprocess.CompletedProcess) and "COUNT 1000" in ok.stdout, getattr(ok, "stderr", ok)
-        outsider = driver(cluster.env, 30)  # no secret: it waits for a registration that never comes
-        assert not (isinstance(outsider, subprocess.CompletedProcess) and "COUNT 1000" in outsider.stdout)
+        # No secret: the master refuses its connection (and logs why); the driver itself would wait
+        # for a registration that never comes, so it is stopped once the refusal is in the log.
+        master_log = cluster.logs / "spark-master.log"
+        seen = len(master_log.read_text())
+        code = (f"from pyspark.sql import SparkSession; s = SparkSession.builder.master({cluster.url!r})"
+                ".config('spark.executor.memory', '512m').getOrCreate(); print('COUNT', s.range(1000).count())")
+        outsider = subprocess.Popen([sys.executable, "-c", code], env=cluster.env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+        try:
+            wait_for("the master to refuse the driver without the secret",
+                     lambda: "SASL" in master_log.read_text()[seen:] or outsider.poll() is not None, 120,
+                     detail=lambda: master_log.read_text()[-2000:])
+        finally:
+            os.killpg(outsider.pid, signal.SIGKILL)
+        assert "COUNT 1000" not in outsider.communicate()[0]
+        assert "SASL" in master_log.read_text()[seen:], master_log.read_text()[-2000:]
         apps = cluster.state()
         assert len(apps["activeapps"]) + len(apps["completedapps"]) == 1  # the job with the secret only

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from tests import maven_jars
 from tests.conftest import run
+from tests.maven_jars import DERBY
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.spark]
@@ -208,26 +210,12 @@ def test_two_drivers_started_in_the_same_second_one_runs_and_one_stops_at_once(t
     assert len(refused.splitlines()) < 5 and time.time() - started < 240
 
 
-DERBY = "10.16.1.1"  # the Derby of pyspark's own jars/ folder (the embedded metastore's)
 
 
-def maven_jar(group: str, artifact: str, version: str) -> Path:
-    """A jar from Maven Central (where the Delta jars come from), cached under ~/.cache/solaris."""
-    import urllib.error
-    import urllib.request
-
-    path = Path.home() / ".cache" / "solaris" / "jars" / f"{artifact}-{version}.jar"
-    if not path.exists():
-        url = f"https://repo1.maven.org/maven2/{group.replace('.', '/')}/{artifact}/{version}/{path.name}"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            with urllib.request.urlopen(url, timeout=60) as r:
-                data = r.read()
-        except (urllib.error.URLError, OSError) as e:
-            pytest.skip(f"cannot fetch {url}: {e}")
-        tmp = path.with_suffix(".part")
-        tmp.write_bytes(data)
-        tmp.replace(path)
+def fetched_jar(artifact: str) -> Path:
+    """A jar that `make test` fetched before the suite (tests/maven_jars.py)."""
+    path = maven_jars.jar(artifact)
+    assert path.is_file(), f"{path} is missing: `make test` fetches it (python -m tests.maven_jars)"
     return path
 
 
@@ -241,8 +229,8 @@ def shared_metastore(tmp_path):
 
     jars = Path(pyspark.__file__).parent / "jars"
     classpath = [jars / f"{a}-{DERBY}.jar" for a in ("derby", "derbyshared", "derbytools")]
-    classpath.append(maven_jar("org.apache.derby", "derbynet", DERBY))
-    client = maven_jar("org.apache.derby", "derbyclient", DERBY)
+    classpath.append(fetched_jar("derbynet"))
+    client = fetched_jar("derbyclient")
     port = free_port()
     server = subprocess.Popen(["java", "-cp", ":".join(map(str, classpath)), f"-Dderby.system.home={tmp_path}",
                                "org.apache.derby.drda.NetworkServerControl", "start", "-h", "127.0.0.1", "-p",

@@ -15,27 +15,26 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.conftest import ROOT, _test_config, copy_lake
+from tests.conftest import ROOT, _test_config, airflow_home, copy_lake
 
 pytestmark = pytest.mark.airflow
 
 
-def airflow_runner(cfg, tmp_path):
-    """``dags test <dag> -c conf`` on the lake of ``cfg`` (its config file, local Spark), each run
-    at its own logical date; fails the test with the log's tail unless the run succeeded."""
+def airflow_runner(cfg, tmp_path, db):
+    """``dags test <dag> -c conf`` on the lake of ``cfg`` (its config file, local Spark) and a copy of
+    the migrated Airflow database ``db``, each run at its own logical date; fails the test with the
+    log's tail unless the run succeeded."""
     cfg_file = tmp_path / "solaris.toml"
     cfg_file.write_text(f'[lake]\nroot = "{cfg.lake.root_path}"\ndatabase = "{cfg.lake.database}"\n'
                         '[spark]\nmaster = "local[2]"\nshuffle_partitions = 2\ndriver_memory = "2g"\n'
                         '[models]\nserved_min_rows = 50\n')  # a tiny world serves few rows an hour
-    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path / "airflow"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    env = {**os.environ, "AIRFLOW_HOME": str(airflow_home(db, tmp_path / "airflow")), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
            "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"), "SOLARIS_CONFIG": str(cfg_file),
            "AIRFLOW_CONN_SOLARIS_SPARK": '{"conn_type": "spark", "host": "local[2]"}',
            "PATH": f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '')}",
            "PYTHONPATH": str(ROOT)}  # the spark-submitted jobs import this checkout, whatever the venv installed
     env.pop("SOLARIS_LAKE_ROOT", None)
     airflow = [sys.executable, "-m", "airflow"]
-    p = subprocess.run(airflow + ["db", "migrate"], env=env, capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
     runs = iter(range(1, 100))
 
     def dag(dag_id: str, **conf) -> str:
@@ -49,7 +48,8 @@ def airflow_runner(cfg, tmp_path):
     return dag
 
 
-def test_a_rollout_never_answers_a_consumer_in_another_code_space(spark, lake_root, base_lake, tmp_path):
+@pytest.mark.timeout(2400)  # about 500 s of airflow dags test and hourly cycles on two cores
+def test_a_rollout_never_answers_a_consumer_in_another_code_space(spark, lake_root, base_lake, airflow_db, tmp_path):
     from deltalake import DeltaTable
 
     from lookup.client import LookupClient
@@ -63,7 +63,7 @@ def test_a_rollout_never_answers_a_consumer_in_another_code_space(spark, lake_ro
 
     # Day 1: the shared lake's tiny model set (code space A); no consumer reads codes yet, so A is served.
     copy_lake(spark, base_lake, _test_config(lake_root / "rollout", database="t_rollout"))
-    dag = airflow_runner(_test_config(lake_root / "rollout", database="t_rollout"), tmp_path)
+    dag = airflow_runner(_test_config(lake_root / "rollout", database="t_rollout"), tmp_path, airflow_db)
     cfg = load_config(tmp_path / "solaris.toml")
     tables, models = cfg.lake.tables_path, cfg.models_root
 
