@@ -34,7 +34,7 @@ $(STAMP): requirements.txt requirements.lock pyproject.toml
 	@touch $@
 
 # The Delta jars (from Maven Central) and the Spark driver's class-data archive for this machine's Java
-# (a driver JVM starts in about half the time; include/class_data.py): built once, a second after.
+# (a driver JVM starts in about 0.6 of the time; include/class_data.py): built once, a second after.
 install: $(STAMP)
 	@$(PY) -m include.class_data
 

@@ -178,7 +178,7 @@ def evaluate(cfg, rows_by_point: dict[str, pd.DataFrame], main: str, test_from, 
     ne_fm = metrics.seed_mean_ne(y, preds["FM"]) if same_task else float("nan")
     test_requests = splits["test"]["request_id"].to_numpy()
     params = {name: n_params(models.get(name, fm)) for name in variants}
-    rows, intervals = compare(y, preds, variants, params, test_requests, same_task, ec, seeds[0])
+    rows, intervals = compare(y, preds, variants, params, test_requests, (ne_vm, ne_fm, same_task), ec, seeds[0])
 
     xt = inputs[SERVED]("test")
     p_masked = np.stack([sigmoid(infer(m, m, masked(xt), device=device)) for m in served_models])
@@ -215,12 +215,13 @@ def evaluate(cfg, rows_by_point: dict[str, pd.DataFrame], main: str, test_from, 
             "device": str(device), "seconds": round(time.perf_counter() - t0, 1)}
 
 
-def compare(y: np.ndarray, preds: dict, variants: list[str], params: dict, requests: np.ndarray, same_task: bool,
-            ec: ReplayEvalConfig, seed: int) -> tuple[list[dict], dict]:
+def compare(y: np.ndarray, preds: dict, variants: list[str], params: dict, requests: np.ndarray,
+            references: tuple[float, float, bool], ec: ReplayEvalConfig, seed: int) -> tuple[list[dict], dict]:
     """One row per variant on the test rows (NE, AUC, calibration, against the VM, transfer ratio)
-    with its paired-bootstrap intervals over requests and seeds; and the bootstrap's answer."""
-    ne_vm = metrics.seed_mean_ne(y, preds["VM"])
-    ne_fm = metrics.seed_mean_ne(y, preds["FM"]) if same_task else float("nan")
+    with its paired-bootstrap intervals over requests and seeds; and the bootstrap's answer.
+    ``references``: the VM's and the FM's NE as ``evaluate`` computed them, and whether the FM was
+    trained for this task (else it is no reference and there is no transfer ratio)."""
+    ne_vm, ne_fm, same_task = references
     rows = []
     for name in variants:
         s = metrics.summary(y, preds[name])

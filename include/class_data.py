@@ -3,7 +3,7 @@
 Every job, ``spark-submit``, ``spark-sql`` and the SQL entry point starts a driver JVM that loads and
 verifies some twenty thousand classes (Spark SQL, Hive's client, Delta) from jars before its first
 query. A dynamic CDS archive holds them already parsed: a driver that maps it starts its session
-and runs its first query in about half the time (benchmarks/RESULTS.md). The archive is built once
+and runs its first query in about 0.6 of the time (benchmarks/RESULTS.md). The archive is built once
 per machine by ``python -m include.class_data`` (``make install`` runs it) from a short Spark
 session with Delta, and kept beside the Delta jars' list in Ivy's cache, named by what it depends
 on (the Java runtime, pyspark, the Delta package). A driver finds it there and maps it; where there
@@ -131,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
                                             "(once; make install runs it).")
     p.add_argument("--force", action="store_true", help="build it again even if it exists")
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
-    had = archive_path() is not None and whole(archive_path())
+    path = archive_path()
+    had = path is not None and whole(path)
     path = build(force=a.force)
     if path is None:
         print("no Java runtime found (JAVA_HOME or java on PATH): nothing to build", file=sys.stderr)

@@ -216,5 +216,3 @@ def kill_processes_of(needle: str) -> int:
             except psutil.NoSuchProcess:
                 pass
     return killed
-
-

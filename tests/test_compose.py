@@ -264,24 +264,18 @@ def test_the_spark_cluster_runs_only_jobs_that_hold_its_secret(tmp_path):
     submit_opts = env_of["airflow-scheduler"]["environment"]["SPARK_SUBMIT_OPTS"]
     assert "spark.authenticate=true" in master_opts and master_opts == worker_opts == submit_opts
     with StandaloneCluster(tmp_path, master_opts, worker_opts) as cluster:
-        def driver(env, timeout):
-            code = (f"from pyspark.sql import SparkSession; s = SparkSession.builder.master({cluster.url!r})"
-                    ".config('spark.executor.memory', '512m').getOrCreate();"
-                    " print('COUNT', s.range(1000).count()); s.stop()")
-            try:
-                return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                                      timeout=timeout)
-            except subprocess.TimeoutExpired as e:
-                return e
-
-        ok = driver({**cluster.env, "SPARK_SUBMIT_OPTS": submit_opts}, 240)
+        code = (f"from pyspark.sql import SparkSession; s = SparkSession.builder.master({cluster.url!r})"
+                ".config('spark.executor.memory', '512m').getOrCreate(); print('COUNT', s.range(1000).count())")
+        try:
+            ok = subprocess.run([sys.executable, "-c", code + "; s.stop()"], capture_output=True, text=True,
+                                env={**cluster.env, "SPARK_SUBMIT_OPTS": submit_opts}, timeout=240)
+        except subprocess.TimeoutExpired as e:
+            ok = e
         assert isinstance(ok, subprocess.CompletedProcess) and "COUNT 1000" in ok.stdout, getattr(ok, "stderr", ok)
         # No secret: the master refuses its connection (and logs why); the driver itself would wait
         # for a registration that never comes, so it is stopped once the refusal is in the log.
         master_log = cluster.logs / "spark-master.log"
         seen = len(master_log.read_text())
-        code = (f"from pyspark.sql import SparkSession; s = SparkSession.builder.master({cluster.url!r})"
-                ".config('spark.executor.memory', '512m').getOrCreate(); print('COUNT', s.range(1000).count())")
         outsider = subprocess.Popen([sys.executable, "-c", code], env=cluster.env, stdout=subprocess.PIPE,
                                     stderr=subprocess.DEVNULL, text=True, start_new_session=True)
         try:

@@ -210,8 +210,6 @@ def test_two_drivers_started_in_the_same_second_one_runs_and_one_stops_at_once(t
     assert len(refused.splitlines()) < 5 and time.time() - started < 240
 
 
-
-
 def fetched_jar(artifact: str) -> Path:
     """A jar that `make test` fetched before the suite (tests/maven_jars.py)."""
     path = maven_jars.jar(artifact)

@@ -48,7 +48,7 @@ def airflow_runner(cfg, tmp_path, db):
     return dag
 
 
-@pytest.mark.timeout(2400)  # about 500 s of airflow dags test and hourly cycles on two cores
+@pytest.mark.timeout(2400)  # 500-1,000 s of airflow dags test and hourly cycles on two cores
 def test_a_rollout_never_answers_a_consumer_in_another_code_space(spark, lake_root, base_lake, airflow_db, tmp_path):
     from deltalake import DeltaTable
 
