@@ -83,25 +83,43 @@ def seeds_text(r: dict) -> str:
 
 
 def markdown(r: dict) -> str:
+    """The replay's report: the VM variants, coverage, the FM's work and the serving cost, NE by
+    tier, the vintage ablation, the consumers, the miss queue and the initial models."""
+    v = r["variants"]
+    better, leaking = v["fm_beats_vm"], bool(r.get("leaking_candidates"))
+    out = [*summary_markdown(r, leaking), *variants_markdown(r, better, leaking), *coverage_markdown(r, better, leaking),
+           *fm_work_markdown(r), *tiers_markdown(v), *vintage_markdown(v.get("vintage_ablation")),
+           *consumers_markdown(r), *miss_queue_markdown(r), *initial_models_markdown(r, leaking)]
+    return "\n".join(out) + "\n"
+
+
+def summary_markdown(r: dict, leaking: bool) -> list[str]:
+    """The title, the leak mark when the candidates leak, and the windows in one paragraph."""
     w, v, main = r["window"], r["variants"], r["points"][r["main"]]
+    out = [f"# Replay evaluation: {r['source']}", ""]
+    if leaking:
+        out += [leaking_mark(r["leaking_candidates"]), ""]
+    return out + [
+        f"Models (FM, autoencoder, verifier VM) trained on the requests before {w['train_until']:%Y-%m-%d %H:%M}; "
+        f"hourly cycles {w['start']:%Y-%m-%d %H:%M} .. {w['end']:%H:%M} ({len(main['cycles'])} cycles, misses "
+        f"queued); coverage over [{w['measure_from']:%H:%M}, {w['end']:%H:%M}); VM variants trained on "
+        f"[{w['start']:%H:%M}, {w['test_from']:%H:%M}) (the latest 20% of those requests validate) and tested on "
+        f"[{w['test_from']:%H:%M}, {w['end']:%H:%M}). Main setting {r['main']}; {seeds_text(r)}; "
+        f"{r['seconds']:.0f} s on {v['device']}.", ""]
+
+
+def variants_markdown(r: dict, better: bool, leaking: bool) -> list[str]:
+    """The VM variants on the test hours with their intervals, the verdict on the FM's gain (a
+    transfer ratio only when the FM beats the VM), and the Bayes NE of a simulated log."""
+    w, v = r["window"], r["variants"]
     test = v["window"]["test"]
     rows = {x["model"]: x for x in v["rows"]}
     ne_vm, ne_fm = rows["VM"]["ne"], rows["FM"]["ne"]
-    out = [f"# Replay evaluation: {r['source']}", "",
-           f"Models (FM, autoencoder, verifier VM) trained on the requests before {w['train_until']:%Y-%m-%d %H:%M}; "
-           f"hourly cycles {w['start']:%Y-%m-%d %H:%M} .. {w['end']:%H:%M} ({len(main['cycles'])} cycles, misses "
-           f"queued); coverage over [{w['measure_from']:%H:%M}, {w['end']:%H:%M}); VM variants trained on "
-           f"[{w['start']:%H:%M}, {w['test_from']:%H:%M}) (the latest 20% of those requests validate) and tested on "
-           f"[{w['test_from']:%H:%M}, {w['end']:%H:%M}). Main setting {r['main']}; {seeds_text(r)}; "
-           f"{r['seconds']:.0f} s on {v['device']}.", "",
-           f"## VM variants on the test hours ({test['rows']:,} candidates, {test['requests']:,} requests, "
+    out = [f"## VM variants on the test hours ({test['rows']:,} candidates, {test['requests']:,} requests, "
            f"CTR {test['ctr']:.3f})", "",
            "| model | params | NE [95% CI] | AUC [95% CI] | calibration | NE vs VM [95% CI] | AUC vs VM [95% CI] "
            "| transfer ratio [95% CI] | paper |",
            "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
-    better, leaking = v["fm_beats_vm"], bool(r.get("leaking_candidates"))
-    if leaking:
-        out[2:2] = [leaking_mark(r["leaking_candidates"]), ""]
     for x in v["rows"]:
         tr = "" if x["model"] in ("VM", "FM") else transfer_label(x["transfer_ratio"], x["transfer_ratio_ci"], better, leaking)
         out.append(f"| {x['model']}{LEAKING if leaking else ''} | {x['params']:,} | {x['ne']:.4f} {ci(x['ne_ci'], '.4f')} | "
@@ -131,11 +149,17 @@ def markdown(r: dict) -> str:
 
         out += ["", "### Against the Bayes NE (the simulated log's true click probabilities)", "",
                 bayes_markdown(r["bayes"])]
-    out += ["", "## Coverage by tier", "",
-            f"Served candidates of [{w['measure_from']:%H:%M}, {w['end']:%H:%M}), setting {r['main']}: "
-            + ", ".join(f"{t} {pct(main['coverage'].get(t, 0.0))}" for t in ORDER)
-            + f" ({main['served']:,} candidates). By hour (![coverage over time](coverage_over_time.png)):", "",
-            "| hour | candidates | " + " | ".join(ORDER) + " |", "|---|---:|" + "---:|" * len(ORDER)]
+    return out
+
+
+def coverage_markdown(r: dict, better: bool, leaking: bool) -> list[str]:
+    """Coverage by tier of the main setting, by hour, then every setting's coverage, NE and FM work."""
+    w, v, main = r["window"], r["variants"], r["points"][r["main"]]
+    out = ["", "## Coverage by tier", "",
+           f"Served candidates of [{w['measure_from']:%H:%M}, {w['end']:%H:%M}), setting {r['main']}: "
+           + ", ".join(f"{t} {pct(main['coverage'].get(t, 0.0))}" for t in ORDER)
+           + f" ({main['served']:,} candidates). By hour (![coverage over time](coverage_over_time.png)):", "",
+           "| hour | candidates | " + " | ".join(ORDER) + " |", "|---|---:|" + "---:|" * len(ORDER)]
     for h in main["hourly"]:
         n = sum(h[t] for t in ORDER)
         out.append(f"| {h['hour']:%m-%d %H:%M} | {n:,} | " + " | ".join(pct(h[t] / n) for t in ORDER) + " |")
@@ -151,10 +175,17 @@ def markdown(r: dict) -> str:
                    + " | ".join(pct(p["coverage"].get(t, 0.0)) for t in ORDER)
                    + f" | {e['ne']:.4f} | {e['ne_vs_vm_pct']:+.2f}% | {transfer_label(e['transfer_ratio'], None, better, leaking)} | "
                      f"{per_hour(p, 'pairs_embedded'):,.0f} | {p['seconds']:.0f} |")
+    return out
+
+
+def fm_work_markdown(r: dict) -> list[str]:
+    """FM inferences per hour of SOLARIS against precomputing every pair and running the FM online,
+    and what the lookup adds to a request against the FM online."""
+    w, v, main = r["window"], r["variants"], r["points"][r["main"]]
     solaris, spec, online = (per_hour(main, "pairs_embedded"), per_hour(main, "pairs_scored"),
                              served_per_hour(main, w))
     lk, fm = r["lookup_ms"], v["fm_online_ms"]
-    out += ["", "## FM inferences per hour (setting " + r["main"] + ")", "",
+    return ["", "## FM inferences per hour (setting " + r["main"] + ")", "",
             "![FM inferences per cycle](fm_inferences.png)", "",
             "| strategy | FM inferences / h | vs SOLARIS |", "|---|---:|---:|",
             f"| SOLARIS: the verifier's top share, fresh pairs skipped | {solaris:,.0f} | 1.0x |",
@@ -164,12 +195,16 @@ def markdown(r: dict) -> str:
             f"p99 {lk['p99']:.3f} ms per request ({lk['requests']:,} requests, snapshot {lk['snapshot_run_id']}); "
             f"running the FM online instead would add p50 {fm['p50']:.2f} ms, p99 {fm['p99']:.2f} ms per request "
             f"(FM + autoencoder forward over {fm['candidates_mean']:.1f} candidates on the CPU, histories already "
-            f"in memory). HTTP and Redis numbers: benchmarks/RESULTS.md, the lookup benchmark.", "",
-            "## NE by tier (VM + SOLARIS served, test hours)", "",
-            "Each tier's rows scored by the served model, by the VM, and by the served model fed "
-            "\"nothing served\" (zeros, tier none) on the same rows (![NE by tier](ne_by_tier.png)).", "",
-            "| tier | candidates | share | CTR | NE VM | NE served | NE served, embedding masked | NE oracle "
-            "| served vs VM [95% CI] | served vs masked |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            f"in memory). HTTP and Redis numbers: benchmarks/RESULTS.md, the lookup benchmark."]
+
+
+def tiers_markdown(v: dict) -> list[str]:
+    """NE by tier: the served model against the VM and against itself fed nothing served."""
+    out = ["", "## NE by tier (VM + SOLARIS served, test hours)", "",
+           "Each tier's rows scored by the served model, by the VM, and by the served model fed "
+           "\"nothing served\" (zeros, tier none) on the same rows (![NE by tier](ne_by_tier.png)).", "",
+           "| tier | candidates | share | CTR | NE VM | NE served | NE served, embedding masked | NE oracle "
+           "| served vs VM [95% CI] | served vs masked |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for t in v["by_tier"]:
         if not t["pairs"]:
             out.append(f"| {t['tier']} | 0 | 0.0% | | | | | | | |")
@@ -178,14 +213,21 @@ def markdown(r: dict) -> str:
                    f"{t['ne_served']:.4f} | {t['ne_served_masked']:.4f} | {t['ne_oracle']:.4f} | "
                    f"{t['served_vs_vm_pct']:+.2f}% {ci(t.get('served_vs_vm_pct_ci', (float('nan'),) * 2), '+.2f')} | "
                    f"{t['served_vs_masked_pct']:+.2f}% |")
-    out += vintage_markdown(v.get("vintage_ablation"))
-    out += consumers_markdown(r)
+    return out
+
+
+def miss_queue_markdown(r: dict) -> list[str]:
+    main = r["points"][r["main"]]
     q = main["miss_queue"].get("replay", {"pairs": 0, "consumed": 0})
-    out += ["", f"Miss queue: {q['pairs']:,} misses recorded, {q['consumed']:,} taken in by a later cycle "
-                f"(queue_in per cycle: {', '.join(str(c['queue_in']) for c in main['cycles'])}).", "",
-            "## Initial models (FM and VMs on one window: their own time split, before the replay)", "",
-            "| model | NE [95% CI] | AUC [95% CI] | calibration | NE vs VM [95% CI] | transfer ratio [95% CI] |",
-            "|---|---:|---:|---:|---:|---:|"]
+    return ["", f"Miss queue: {q['pairs']:,} misses recorded, {q['consumed']:,} taken in by a later cycle "
+                f"(queue_in per cycle: {', '.join(str(c['queue_in']) for c in main['cycles'])})."]
+
+
+def initial_models_markdown(r: dict, leaking: bool) -> list[str]:
+    """The FM and the VMs on one window, their own time split before the replay."""
+    out = ["", "## Initial models (FM and VMs on one window: their own time split, before the replay)", "",
+           "| model | NE [95% CI] | AUC [95% CI] | calibration | NE vs VM [95% CI] | transfer ratio [95% CI] |",
+           "|---|---:|---:|---:|---:|---:|"]
     init = r["initial_models"]
     for x in init["rows"]:
         tr = "" if x["model"] in ("VM", "FM") else transfer_label(x["transfer_ratio"], x.get("transfer_ratio_ci"),
@@ -196,7 +238,7 @@ def markdown(r: dict) -> str:
         from experiments.truth import to_markdown as bayes_markdown
 
         out += ["", bayes_markdown(init["bayes"])]
-    return "\n".join(out) + "\n"
+    return out
 
 
 def plots(r: dict, out: Path) -> list[Path]:
