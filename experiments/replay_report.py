@@ -242,20 +242,27 @@ def initial_models_markdown(r: dict, leaking: bool) -> list[str]:
 
 
 def plots(r: dict, out: Path) -> list[Path]:
+    """The report's figures as PNG files in ``out``; returns their paths."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    w, v, main = r["window"], r["variants"], r["points"][r["main"]]
     paths = []
-
-    def save(fig, name):
+    for name, draw in (("coverage_over_time.png", coverage_over_time_figure), ("budget_ttl.png", budget_ttl_figure),
+                       ("fm_inferences.png", fm_inferences_figure), ("ne_by_tier.png", ne_by_tier_figure),
+                       ("variants.png", variants_figure)):
+        fig = draw(plt, r)
         fig.tight_layout()
         fig.savefig(out / name, dpi=110)
         plt.close(fig)
         paths.append(out / name)
+    return paths
 
+
+def coverage_over_time_figure(plt, r: dict):
+    """The main setting's tier shares per request hour, stacked, with the measured and test windows."""
+    w, main = r["window"], r["points"][r["main"]]
     fig, ax = plt.subplots(figsize=(8, 4))
     hours = [h["hour"] for h in main["hourly"]]
     bottom = [0.0] * len(hours)
@@ -272,9 +279,13 @@ def plots(r: dict, out: Path) -> list[Path]:
     ax.set_ylabel("share of served candidates")
     ax.set_title(f"{r['source']}: coverage by tier per request hour ({r['main']})")
     ax.legend(loc="lower right", fontsize=8)
-    save(fig, "coverage_over_time.png")
+    return fig
 
-    by_point = {x["point"]: x for x in v["by_point"]}
+
+def budget_ttl_figure(plt, r: dict):
+    """Coverage by tier and the served NE against the budget (at the main TTL) and the TTL (at the
+    main budget)."""
+    by_point = {x["point"]: x for x in r["variants"]["by_point"]}
     m = r["points"][r["main"]]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, key, fixed, label in ((axes[0], "budget", "ttl_hours", "precompute budget"),
@@ -294,8 +305,12 @@ def plots(r: dict, out: Path) -> list[Path]:
             ax.set_xscale("log")
     axes[0].legend(fontsize=8, loc="upper left")
     fig.suptitle(f"{r['source']}: coverage and NE of VM + SOLARIS (served) against budget and TTL")
-    save(fig, "budget_ttl.png")
+    return fig
 
+
+def fm_inferences_figure(plt, r: dict):
+    """FM inferences per cycle: SOLARIS, precomputing every speculated pair, the FM online."""
+    main = r["points"][r["main"]]
     fig, ax = plt.subplots(figsize=(8, 4))
     cycles = main["cycles"]
     xs = [f"{c['interval_end']:%H:%M}" for c in cycles]
@@ -308,10 +323,13 @@ def plots(r: dict, out: Path) -> list[Path]:
     ax.set_ylabel("FM inferences")
     ax.set_title(f"{r['source']}: FM work per hour ({r['main']})")
     ax.legend(fontsize=8)
-    save(fig, "fm_inferences.png")
+    return fig
 
+
+def ne_by_tier_figure(plt, r: dict):
+    """NE per served tier: the VM, the served model, the served model fed nothing, the oracle."""
     fig, ax = plt.subplots(figsize=(8, 4))
-    tiers = [t for t in v["by_tier"] if t["pairs"]]
+    tiers = [t for t in r["variants"]["by_tier"] if t["pairs"]]
     series = (("ne_vm", "VM"), ("ne_served", "served"), ("ne_served_masked", "served, embedding masked"),
               ("ne_oracle", "oracle"))
     width = 0.8 / len(series)
@@ -325,20 +343,23 @@ def plots(r: dict, out: Path) -> list[Path]:
     ax.set_ylabel("NE (lower is better)")
     ax.set_title(f"{r['source']}: NE by served tier, test hours")
     ax.legend(fontsize=8)
-    save(fig, "ne_by_tier.png")
+    return fig
 
+
+def variants_figure(plt, r: dict):
+    """Each VM variant's NE against the VM with its 95% paired-bootstrap interval."""
+    rows = r["variants"]["rows"]
     fig, ax = plt.subplots(figsize=(8, 4))
-    names = [x["model"] for x in v["rows"]]
-    mid = [x["ne_vs_vm_pct"] for x in v["rows"]]
-    err = [[m - x["ne_vs_vm_pct_ci"][0] for m, x in zip(mid, v["rows"])],
-           [x["ne_vs_vm_pct_ci"][1] - m for m, x in zip(mid, v["rows"])]]
+    names = [x["model"] for x in rows]
+    mid = [x["ne_vs_vm_pct"] for x in rows]
+    err = [[m - x["ne_vs_vm_pct_ci"][0] for m, x in zip(mid, rows)],
+           [x["ne_vs_vm_pct_ci"][1] - m for m, x in zip(mid, rows)]]
     ax.barh(names, mid, xerr=err, capsize=4, color="#3182bd")  # 95% paired-bootstrap intervals
     ax.axvline(0, color="k", lw=1)
     ax.invert_yaxis()
     ax.set_xlabel("NE vs VM (%), lower is better; bars: 95% paired-bootstrap interval")
     ax.set_title(f"{r['source']}: VM variants on the test hours")
-    save(fig, "variants.png")
-    return paths
+    return fig
 
 
 def jsonable(x):
