@@ -26,6 +26,7 @@ ENVIRONMENT = {
     "SOLARIS_LAKE_ROOT": "[lake] root: where the tables, the metastore and the models live",
     "SOLARIS_SPARK_MASTER": "[spark] master: local[*], spark://host:7077, yarn, k8s://...",
     "SOLARIS_SPARK_DRIVER_JAVA_OPTIONS": "[spark] driver_java_options: JVM flags for the Spark driver",
+    "SOLARIS_SPARK_CONF": "[spark] extra: whitespace-separated key=value Spark properties, over the file's",
     "SOLARIS_REDIS_URL": "[redis] url; set, the DAGs publish each snapshot to Redis",
     "SOLARIS_SPARK_CONN_ID": "the Airflow connection the DAGs submit Spark jobs through (default solaris_spark)",
 }
@@ -436,9 +437,25 @@ def load_config(path: str | os.PathLike | None = None, env: dict[str, str] | Non
         data = _merge(data, {"spark": {"master": env["SOLARIS_SPARK_MASTER"]}})
     if env.get("SOLARIS_SPARK_DRIVER_JAVA_OPTIONS"):
         data = _merge(data, {"spark": {"driver_java_options": env["SOLARIS_SPARK_DRIVER_JAVA_OPTIONS"]}})
+    if env.get("SOLARIS_SPARK_CONF"):
+        spark = data.get("spark") if isinstance(data.get("spark"), dict) else {}
+        extra = spark.get("extra") if isinstance(spark.get("extra"), dict) else {}
+        data = _merge(data, {"spark": {"extra": {**extra, **spark_properties(env["SOLARIS_SPARK_CONF"])}}})
     if env.get("SOLARIS_REDIS_URL"):
         data = _merge(data, {"redis": {"url": env["SOLARIS_REDIS_URL"], "publish": True}})
     return _build(SolarisConfig, data, "")
+
+
+def spark_properties(text: str) -> dict[str, str]:
+    """``SOLARIS_SPARK_CONF``'s value, ``key=value`` pairs separated by whitespace (as many
+    ``spark-submit --conf`` would give), as a dict; a pair that is not ``spark.<name>=<value>`` is refused."""
+    out = {}
+    for pair in text.split():
+        key, eq, value = pair.partition("=")
+        if not (eq and key.startswith("spark.") and value):
+            raise ConfigError(f"SOLARIS_SPARK_CONF: {pair!r} is not spark.<name>=<value>")
+        out[key] = value
+    return out
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

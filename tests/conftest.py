@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from include.config import SolarisConfig
+from include.config import SolarisConfig, spark_properties
 from include.spark import ensure_database
 from model.training import TINY  # the model set every module that needs trained models uses (seconds on two cores)
 
@@ -18,6 +18,16 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATASETS = ROOT.parent / "shared" / "datasets"
 DATA = Path(__file__).with_name("data")
 
+# Spark settings for every driver the suite starts, in this process and in the jobs, Airflow tasks
+# and spark-submits it starts (they read SOLARIS_SPARK_CONF through include/config.load_config).
+# The suite's tables hold tens to thousands of rows, so a query costs what Spark spends planning and
+# compiling it, not running it: interpreted expressions instead of Janino-compiled classes, and the
+# short plan string every SQL execution records. An hourly cycle on the shared lake's world takes 0.78
+# of the time warm and 0.9 cold (benchmarks/RESULTS.md, "The suite's Spark settings"). Results are the
+# same in both modes (Spark's own suite runs its tests in both).
+TEST_SPARK_CONF = ("spark.sql.codegen.wholeStage=false spark.sql.codegen.factoryMode=NO_CODEGEN "
+                   "spark.sql.ui.explainMode=simple")
+os.environ.setdefault("SOLARIS_SPARK_CONF", TEST_SPARK_CONF)
 
 NEEDS = ("spark", "e2e", "airflow", "browser", "redis", "compose", "compose_stack", "slow", "real_data")
 
@@ -42,7 +52,8 @@ def pytest_collection_modifyitems(config, items):
 def _test_config(lake_root: Path, database: str = "solaris") -> SolarisConfig:
     return SolarisConfig().with_overrides(
         lake={"root": str(lake_root), "database": database},
-        spark={"master": "local[2]", "shuffle_partitions": 2, "driver_memory": "2g"},
+        spark={"master": "local[2]", "shuffle_partitions": 2, "driver_memory": "2g",
+               "extra": spark_properties(os.environ["SOLARIS_SPARK_CONF"])},
     )
 
 

@@ -23,6 +23,16 @@ def test_toml_overrides_and_env_wins(tmp_path):
     assert cfg.spark.master == "spark://10.0.0.1:7077"
     assert cfg.spark.extra == {"spark.executor.memory": "8g"}
     assert load_config(f, env={"SOLARIS_LAKE_ROOT": "/x"}).lake.root == "/x"
+    # SOLARIS_SPARK_CONF adds Spark properties to the file's, and wins where both name one.
+    conf = "spark.executor.memory=4g  spark.sql.ui.explainMode=simple\n"
+    assert load_config(f, env={"SOLARIS_SPARK_CONF": conf}).spark.extra == {
+        "spark.executor.memory": "4g", "spark.sql.ui.explainMode": "simple"}
+
+
+@pytest.mark.parametrize("conf", ["spark.sql.ui.explainMode", "explainMode=simple", "spark.x="])
+def test_spark_conf_from_the_environment_must_be_spark_properties(conf):
+    with pytest.raises(ConfigError, match=re.escape(f"SOLARIS_SPARK_CONF: {conf!r} is not spark.<name>=<value>")):
+        load_config(env={"SOLARIS_SPARK_CONF": conf})
 
 
 @pytest.mark.parametrize("text, message", [
