@@ -22,9 +22,9 @@ DATA = Path(__file__).with_name("data")
 # and spark-submits it starts (they read SOLARIS_SPARK_CONF through include/config.load_config).
 # The suite's tables hold tens to thousands of rows, so a query costs what Spark spends planning and
 # compiling it, not running it: interpreted expressions instead of Janino-compiled classes, and the
-# short plan string every SQL execution records. An hourly cycle on the shared lake's world takes 0.78
-# of the time warm and 0.9 cold (benchmarks/RESULTS.md, "The suite's Spark settings"). Results are the
-# same in both modes (Spark's own suite runs its tests in both).
+# short plan string every SQL execution records. An hourly cycle on the shared lake's world takes 0.70
+# of the time warm and 0.78 cold, the suite 0.82 (benchmarks/RESULTS.md, "The suite's Spark
+# settings"). Results are the same in both modes (Spark's own suite runs its tests in both).
 TEST_SPARK_CONF = ("spark.sql.codegen.wholeStage=false spark.sql.codegen.factoryMode=NO_CODEGEN "
                    "spark.sql.ui.explainMode=simple")
 os.environ.setdefault("SOLARIS_SPARK_CONF", TEST_SPARK_CONF)
