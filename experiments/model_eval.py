@@ -4,6 +4,7 @@
     python -m experiments.model_eval --data mind --input ../shared/datasets/mind_small_subset
     python -m experiments.model_eval --data globo --input '../shared/datasets/globo_news_clicks/clicks/*.csv.gz'
     python -m experiments.model_eval --data clicklog --input clicks.csv --ts-unit s --map item_id=article
+    python -m experiments.model_eval --data impressions --input shown.csv --ts-unit s
     python -m experiments.model_eval --source mind --skip-ingest # what is already in the lake
 
 Prints and writes (JSON + Markdown, under reports/) the table of ``model.training.train_all``:
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from include.config import MODEL_SIZES
 from model import training
-from spark_jobs.ingest import DATA_SETS, add_clicklog_arguments, clicklog_arguments
+from spark_jobs.ingest import DATA_SETS, MAPPED, add_log_arguments, fixed_format_refusal, log_arguments
 
 
 def arguments(prog: str, description: str) -> argparse.ArgumentParser:
@@ -33,7 +34,7 @@ def arguments(prog: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--input", help="path of the log to ingest")
     p.add_argument("--source", help="source to train on (default: the --data's)")
     p.add_argument("--skip-ingest", action="store_true", help="train on what is already in the lake")
-    add_clicklog_arguments(p)
+    add_log_arguments(p)
     from include import synthetic_world
 
     synthetic_world.add_arguments(p)
@@ -53,9 +54,11 @@ def prepare(p: argparse.ArgumentParser, a: argparse.Namespace):
     from include import synthetic_world
     from include.config import load_config
 
-    extra = clicklog_arguments(a)
-    if extra and a.data not in ("clicklog", "globo"):
-        p.error(f"{' '.join(extra[::2])} apply to click logs (--data clicklog or globo), not --data {a.data}")
+    extra = log_arguments(a)
+    if extra and a.data not in MAPPED:
+        p.error(fixed_format_refusal(extra[::2], a.data) if a.data else
+                f"{' and '.join(extra[::2])} {'describes' if len(extra) == 2 else 'describe'} the log to ingest: "
+                "give it with --data and --input")
     from include.cli import with_leak_override
 
     cfg = with_leak_override(load_config(a.config), a)

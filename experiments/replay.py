@@ -37,7 +37,7 @@ from pyspark.sql import functions as F
 from feature_store.resolution import TIERS
 from include.config import MODEL_SIZES
 from feature_store.tables import PRECOMPUTE_RUNS, REQUEST_FEATURES, qualified_name
-from spark_jobs.ingest import add_clicklog_arguments, clicklog_arguments
+from spark_jobs.ingest import MAPPED, add_log_arguments, fixed_format_refusal, log_arguments
 
 
 @dataclass(frozen=True)
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     from include import synthetic_world
 
     synthetic_world.add_arguments(p)
-    add_clicklog_arguments(p)
+    add_log_arguments(p)
     p.add_argument("--sample-fraction", type=float,
                    help="replay the whole histories of this share of users (include/sample.py) instead of the whole log")
     p.add_argument("--skip-ingest", action="store_true", help="use what is already in the lake")
@@ -274,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--sample-fraction applies to click logs (globo, clicklog), not to {a.data}")
     if not a.skip_ingest and not a.input and a.data != "synthetic":
         p.error(f"--input is required for --data {a.data}")
+    if log_arguments(a) and a.data not in MAPPED:
+        p.error(fixed_format_refusal(log_arguments(a)[::2], a.data))
     cfg = with_leak_override(load_config(a.config), a)
     from include.spark import get_spark
 
@@ -318,7 +320,7 @@ def ingest(spark, cfg, a) -> None:
         print(f"sampled {rows_out:,} of {rows_in:,} clicks ({a.sample_fraction:.0%} of users) -> {out}", flush=True)
         path = str(out)
     print(f"ingesting {a.data} from {path}", flush=True)
-    report = ingest_log(spark, cfg, a.data, path, clicklog_arguments(a))
+    report = ingest_log(spark, cfg, a.data, path, log_arguments(a))
     print("\n".join(report.lines(cfg.lake.database)), flush=True)
 
 

@@ -14,11 +14,18 @@ from pathlib import Path
 DATA_SETS = ("synthetic", "mind", "globo", "clicklog", "impressions")
 
 
-def ingest(spark, cfg, data: str, input_path: str, clicklog_args: list[str] | None = None):
-    """Ingest ``input_path`` as the log kind ``data``; returns the adapter's report.
-    ``clicklog_args``: extra click-log options (``--map``, ``--ts-unit``, ``--items``, ...)."""
+# The logs read through a column mapping and a time unit; the others have one fixed format.
+MAPPED = ("clicklog", "globo", "impressions")
+
+
+def ingest(spark, cfg, data: str, input_path: str, log_args: list[str] | None = None):
+    """Ingest ``input_path`` as the log kind ``data``; returns the adapter's report. ``log_args``:
+    the adapter's options for a mapped log (``--map``, ``--ts-unit``, ``--items``, ``--format``),
+    as ``log_arguments`` gives them; refused for a log of a fixed format."""
     if data not in DATA_SETS:
         raise ValueError(f"unknown data set {data!r}; known: {', '.join(DATA_SETS)}")
+    if log_args and data not in MAPPED:
+        raise ValueError(fixed_format_refusal(log_args[::2], data))
     base = Path(input_path)
     if data == "mind":
         from spark_jobs import ingest_mind
@@ -32,28 +39,40 @@ def ingest(spark, cfg, data: str, input_path: str, clicklog_args: list[str] | No
 
         log = base / synthetic_world.IMPRESSIONS if base.is_dir() else base
         items, truth = (base / synthetic_world.ITEMS, base / synthetic_world.TRUTH) if base.is_dir() else (None, None)
-        spec = ii.ImpressionLogSpec(source=data if data == "synthetic" else "impressions")
-        return ii.ingest(spark, cfg, str(log), spec, "csv", str(items) if items and items.exists() else None,
+        args = ii.parse_args(["--input", str(log), "--source", data if data == "synthetic" else "impressions",
+                              *(log_args or [])])
+        items = args.items or (str(items) if items and items.exists() else None)
+        return ii.ingest(spark, cfg, str(log), ii.spec_from_args(args), args.format, items,
                          str(truth) if truth and truth.exists() else None)
     from spark_jobs import ingest_clicklog
 
     preset = "globo" if data == "globo" else "generic"
-    args = ingest_clicklog.parse_args(["--input", input_path, "--preset", preset, *(clicklog_args or [])])
+    args = ingest_clicklog.parse_args(["--input", input_path, "--preset", preset, *(log_args or [])])
     return ingest_clicklog.ingest(spark, cfg, input_path, ingest_clicklog.spec_from_args(args, cfg), args.format,
                                   getattr(args, "items", None))
 
 
-def add_clicklog_arguments(parser) -> None:
-    """The click-log adapter's options, for entry points that ingest before they evaluate."""
-    g = parser.add_argument_group("click logs (--data clicklog or globo), as python -m spark_jobs.ingest_clicklog takes them")
+def fixed_format_refusal(flags: list[str], data: str) -> str:
+    """Why ``flags`` cannot go with ``--data data`` (a log of one fixed format), and what can."""
+    named = " and ".join(flags)
+    verb = "applies" if len(flags) == 1 else "apply"
+    return (f"{named} {verb} to logs read through a column mapping (--data {', '.join(MAPPED[:-1])} or "
+            f"{MAPPED[-1]}), not to --data {data}, whose format is fixed; to read a file of another layout, "
+            "give it as --data impressions (one row per candidate shown) or --data clicklog (clicks only)")
+
+
+def add_log_arguments(parser) -> None:
+    """The mapped logs' options, for entry points that ingest before they evaluate."""
+    g = parser.add_argument_group("logs read through a column mapping (--data clicklog, globo or impressions), as "
+                                  "python -m spark_jobs.ingest_clicklog and ingest_impressions take them")
     g.add_argument("--map", help="comma list of solaris_col=input_col (user_id, item_id, ts, context, category, ...)")
-    g.add_argument("--ts-unit", choices=["ms", "s", "iso"], help="timestamp unit")
+    g.add_argument("--ts-unit", choices=["ms", "s", "iso"], help="timestamp unit (default ms)")
     g.add_argument("--items", help="item attribute file: item_id, category, subcategory, title")
     g.add_argument("--format", choices=["csv", "parquet"], help="input format (default csv)")
 
 
-def clicklog_arguments(args) -> list[str]:
-    """The click-log options given (``add_clicklog_arguments``), as the adapter's command line."""
+def log_arguments(args) -> list[str]:
+    """The mapped-log options given (``add_log_arguments``), as the adapter's command line."""
     out = []
     for flag in ("map", "ts_unit", "items", "format"):
         value = getattr(args, flag, None)

@@ -77,8 +77,10 @@ def test_a_log_quarantined_whole_for_one_reason_says_what_to_try(spark, make_cfg
     lines = "\n".join(report.lines(cfg.lake.database))
     assert "every record was quarantined as 'timestamp looks like seconds read as milliseconds" in lines
     assert "try --ts-unit s" in lines
-    fixed = ii.ingest(spark, cfg, str(path), ii.spec_from_args(ii.parse_args(["--input", str(path), "--ts-unit", "s"])))
+    # The fix it names, through the dispatcher every entry point ingests with (model_eval's --ts-unit).
+    fixed = ingest(spark, cfg, "impressions", str(path), ["--ts-unit", "s"])
     assert (fixed.request_rows, fixed.quarantined) == (5, 0)
+    assert str(table(spark, cfg, "request_log").agg({"ts": "min"}).first()[0]) == "2026-01-05 00:00:00"
 
 
 def test_missing_columns_and_bad_items_are_clear(spark, make_cfg, tmp_path):

@@ -72,6 +72,23 @@ def test_every_variant_trains_and_is_reported(tiny_lake, trained):
         assert line.endswith("|  |")  # a baseline has no transfer ratio
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--data", "mind", "--input", "x", "--ts-unit", "s"],
+     "--ts-unit applies to logs read through a column mapping (--data clicklog, globo or impressions), not to "
+     "--data mind, whose format is fixed; to read a file of another layout, give it as --data impressions"),
+    (["--data", "synthetic", "--ts-unit", "s", "--map", "ts=time"],
+     "--map and --ts-unit apply to logs read through a column mapping"),
+    (["--skip-ingest", "--ts-unit", "s"], "--ts-unit describes the log to ingest: give it with --data and --input"),
+])
+def test_log_options_for_a_log_of_a_fixed_format_are_refused_with_what_works(argv, message, capsys):
+    from experiments import model_eval
+
+    p = model_eval.arguments("python -m experiments.model_eval", "")
+    with pytest.raises(SystemExit) as e:
+        model_eval.prepare(p, p.parse_args(argv))
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_the_popularity_baseline_is_the_smoothed_item_rate():
     rate = baselines.item_rate(["a", "a", "a", "b"], [1, 1, 0, 0], ["a", "b", "new"], prior_rows=2.0)
     base = 0.5
