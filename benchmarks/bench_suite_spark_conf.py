@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -29,18 +28,11 @@ ARMS = ("Spark's defaults", "the suite's settings")
 
 def build_world(work: Path) -> None:
     """The shared lake of the suite (tests/conftest.py ``base_lake``) under ``work/base``."""
-    from include import synthetic_world
-    from include.spark import ensure_database, get_spark
-    from model import training
-    from spark_jobs.ingest import ingest
-    from tests.conftest import BASE_LOG, TINY, _test_config
+    from include.spark import get_spark
+    from tests.conftest import _test_config, build_base_lake
 
-    cfg = _test_config(work / "base", database="t_base")
-    spark = get_spark(cfg)
-    ensure_database(spark, cfg)
-    synthetic_world.write(synthetic_world.generate(synthetic_world.WorldConfig(**BASE_LOG)), work / "log")
-    ingest(spark, cfg, "synthetic", str(work / "log"))
-    training.train_all(cfg, "synthetic", TINY, log=lambda *_: None)
+    spark = get_spark(_test_config(work / "base", database="t_base"))
+    build_base_lake(spark, work / "base", work / "log")
     spark.stop()
 
 
@@ -48,21 +40,17 @@ def run_cycles(work: Path, name: str, suite_settings: bool, cycles: int) -> dict
     """In this process (a new driver): copy the world, run the cycles; their wall seconds."""
     from datetime import datetime
 
-    from feature_store.tables import ensure_tables
-    from include.spark import ensure_database, get_spark
-    from spark_jobs import cycle
     from include.config import spark_properties
-    from tests.conftest import TEST_SPARK_CONF, _test_config
+    from include.spark import get_spark
+    from spark_jobs import cycle
+    from tests.conftest import TEST_SPARK_CONF, _test_config, copy_lake
 
     base = _test_config(work / "base", database="t_base")
     cfg = _test_config(work / name, database=f"t_{name}").with_overrides(
         spark={"extra": spark_properties(TEST_SPARK_CONF) if suite_settings else {}})
     started = time.perf_counter()
     spark = get_spark(cfg)
-    shutil.copytree(base.lake.tables_path, cfg.lake.tables_path)
-    shutil.copytree(base.models_root, cfg.models_root)
-    ensure_database(spark, cfg)
-    ensure_tables(spark, cfg)
+    copy_lake(spark, base, cfg)
     seconds = []
     for hour in range(3, 3 + cycles):
         t0 = time.perf_counter()

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from include.config import MODEL_SIZES
 from model import training
-from spark_jobs.ingest import DATA_SETS, MAPPED, add_log_arguments, fixed_format_refusal, log_arguments
+from spark_jobs.ingest import DATA_SETS, add_log_arguments, check_log_arguments, log_arguments
 
 
 def arguments(prog: str, description: str) -> argparse.ArgumentParser:
@@ -54,11 +54,8 @@ def prepare(p: argparse.ArgumentParser, a: argparse.Namespace):
     from include import synthetic_world
     from include.config import load_config
 
+    check_log_arguments(p, a)
     extra = log_arguments(a)
-    if extra and a.data not in MAPPED:
-        p.error(fixed_format_refusal(extra[::2], a.data) if a.data else
-                f"{' and '.join(extra[::2])} {'describes' if len(extra) == 2 else 'describe'} the log to ingest: "
-                "give it with --data and --input")
     from include.cli import with_leak_override
 
     cfg = with_leak_override(load_config(a.config), a)

@@ -37,7 +37,7 @@ from pyspark.sql import functions as F
 from feature_store.resolution import TIERS
 from include.config import MODEL_SIZES
 from feature_store.tables import PRECOMPUTE_RUNS, REQUEST_FEATURES, qualified_name
-from spark_jobs.ingest import MAPPED, add_log_arguments, fixed_format_refusal, log_arguments
+from spark_jobs.ingest import add_log_arguments, check_log_arguments, log_arguments
 
 
 @dataclass(frozen=True)
@@ -274,8 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--sample-fraction applies to click logs (globo, clicklog), not to {a.data}")
     if not a.skip_ingest and not a.input and a.data != "synthetic":
         p.error(f"--input is required for --data {a.data}")
-    if log_arguments(a) and a.data not in MAPPED:
-        p.error(fixed_format_refusal(log_arguments(a)[::2], a.data))
+    check_log_arguments(p, a)
     cfg = with_leak_override(load_config(a.config), a)
     from include.spark import get_spark
 

@@ -52,13 +52,24 @@ def ingest(spark, cfg, data: str, input_path: str, log_args: list[str] | None = 
                                   getattr(args, "items", None))
 
 
-def fixed_format_refusal(flags: list[str], data: str) -> str:
-    """Why ``flags`` cannot go with ``--data data`` (a log of one fixed format), and what can."""
+def fixed_format_refusal(flags: list[str], data: str | None) -> str:
+    """Why ``flags`` cannot go with ``--data data`` (a log of one fixed format, or none given), and what can."""
     named = " and ".join(flags)
-    verb = "applies" if len(flags) == 1 else "apply"
-    return (f"{named} {verb} to logs read through a column mapping (--data {', '.join(MAPPED[:-1])} or "
-            f"{MAPPED[-1]}), not to --data {data}, whose format is fixed; to read a file of another layout, "
-            "give it as --data impressions (one row per candidate shown) or --data clicklog (clicks only)")
+    one = len(flags) == 1
+    if data is None:
+        return f"{named} {'describes' if one else 'describe'} the log to ingest: give it with --data and --input"
+    return (f"{named} {'applies' if one else 'apply'} to logs read through a column mapping (--data "
+            f"{', '.join(MAPPED[:-1])} or {MAPPED[-1]}), not to --data {data}, whose format is fixed; to read a "
+            "file of another layout, give it as --data impressions (one row per candidate shown) or --data "
+            "clicklog (clicks only)")
+
+
+def check_log_arguments(parser, args) -> None:
+    """An entry point's usage error (``parser.error``) when mapped-log options came with a ``--data``
+    they do not suit, or with none."""
+    given = log_arguments(args)
+    if given and args.data not in MAPPED:
+        parser.error(fixed_format_refusal(given[::2], args.data))
 
 
 def add_log_arguments(parser) -> None:

@@ -79,15 +79,20 @@ BASE_LOG = dict(users=120, items=50, hours=12, visits_per_hour=20, shown=5)
 def base_lake(spark, lake_root, tmp_path_factory):
     """One tiny synthetic impression world ingested and the TINY model set trained on it, once for the
     whole run. Modules take a copy of it (``copy_lake``) instead of ingesting and training their own."""
+    return build_base_lake(spark, lake_root / "base", tmp_path_factory.mktemp("base_log"))
+
+
+def build_base_lake(spark, root: Path, log_folder: Path) -> SolarisConfig:
+    """The shared lake at ``root`` (database ``t_base``): the ``BASE_LOG`` world written to
+    ``log_folder``, ingested, and the TINY model set trained on it; its config."""
     from include import synthetic_world
     from model import training
     from spark_jobs.ingest import ingest
 
-    cfg = _test_config(lake_root / "base", database="t_base")
+    cfg = _test_config(root, database="t_base")
     ensure_database(spark, cfg)
-    folder = tmp_path_factory.mktemp("base_log")
-    synthetic_world.write(synthetic_world.generate(synthetic_world.WorldConfig(**BASE_LOG)), folder)
-    ingest(spark, cfg, "synthetic", str(folder))
+    synthetic_world.write(synthetic_world.generate(synthetic_world.WorldConfig(**BASE_LOG)), log_folder)
+    ingest(spark, cfg, "synthetic", str(log_folder))
     training.train_all(cfg, "synthetic", TINY, log=lambda *_: None)
     return cfg
 
