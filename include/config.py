@@ -167,9 +167,12 @@ class QualityConfig:
 
 
 # The leak check's single-feature AUCs of generated candidates (spark_jobs/candidates.py), as
-# stored in ingest_runs, and how reports name them.
+# stored in ingest_runs, and how reports name them: the item's side, the position, the user's side.
 LEAK_STATISTICS = (("popularity_auc", "prior popularity"), ("recent_click_auc", "recent click"),
-                   ("known_item_auc", "known item"), ("position_auc", "position"))
+                   ("known_item_auc", "known item"), ("position_auc", "position"),
+                   ("same_category_auc", "same category as the last click"),
+                   ("category_share_auc", "share of recent clicks in the category"),
+                   ("interacted_before_auc", "clicked by the user before"))
 
 
 @dataclass(frozen=True)

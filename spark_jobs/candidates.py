@@ -54,7 +54,9 @@ both hold draw what the whole log draws; an input's last hours draw only from th
 so far. The draws are seeded hashes of (seed, request_id, draw), and the positions a seeded
 shuffle of the K + 1 slots of a full list (a short list keeps gaps, so neither its length nor the
 clicked item's slot shows in the position): the same input and seed always give the same requests
-(``leak_statistics`` measures all three statistics on every ingest).
+(``leak_statistics`` measures all three statistics on every ingest, and ``user_leak_statistics``
+those of the user's side: the candidate's category against the user's last clicks, and whether the
+user clicked it before).
 """
 
 from __future__ import annotations
@@ -190,6 +192,103 @@ def _window_histograms(batches):
     for stat, value in counts.items():
         h = pd.DataFrame({"value": value, "pos": label, "neg": 1 - label}).groupby("value", as_index=False).sum()
         yield h.assign(stat=stat)[["stat", "value", "pos", "neg"]]
+
+
+RECENT_CLICKS = 10  # the user-side check's "recent clicks": the user's last this many clicks before the request
+
+
+def user_leak_statistics(requests: DataFrame, clicks: DataFrame, categories: DataFrame | None = None,
+                         recent: int = RECENT_CLICKS) -> dict[str, float | None]:
+    """The user's side of the leak check: single-feature AUCs, each as of the request's time, of
+    what a model that reads the user's history sees of a candidate: its category is the category of
+    the user's last click (same category), the share of the user's last ``recent`` clicks in its
+    category (category share), and the user clicked it before (interacted before). A generator whose
+    negatives are random items of the catalogue while the clicked item continues what the user was
+    browsing gives the label away here, not on the item's side. ``clicks``: (user_id, item_id, ts) of
+    the user's clicks; ``categories``: (item_id, category), or None. The two category statistics are
+    None where no candidate has a known category (nothing to judge).
+
+    One shuffle puts each user's clicks and candidate rows in one partition; each partition ranks
+    them in time and counts by binary search, returning histograms only (as ``leak_statistics``)."""
+    from model.metrics import auc_from_histogram
+
+    labelled = requests.where(F.col("label").isNotNull())
+    both = (clicks.select("user_id", "item_id", F.unix_micros("ts").alias("us"), F.lit(CLICK).alias("label"))
+            .unionByName(labelled.select("user_id", "item_id", F.unix_micros("ts").alias("us"),
+                                         F.col("label").cast("int"))))
+    if categories is not None:
+        known = categories.where(F.col("category").isNotNull()).select("item_id", "category").dropDuplicates(["item_id"])
+        both = both.join(known, "item_id", "left")
+    else:
+        both = both.withColumn("category", F.lit(None).cast("string"))
+    hist = (both.repartition("user_id")
+            .mapInPandas(lambda batches: _user_histograms(batches, recent), "stat string, value long, pos long, neg long")
+            .groupBy("stat", "value").agg(F.sum("pos").alias("pos"), F.sum("neg").alias("neg")).collect())
+    out = {}
+    for name, stat in (("same_category_auc", "same_category"), ("category_share_auc", "category_share"),
+                       ("interacted_before_auc", "interacted_before")):
+        rows = [r for r in hist if r.stat == stat]
+        out[name] = auc_from_histogram([r.value for r in rows], [r.pos for r in rows], [r.neg for r in rows]) if rows else None
+    return out
+
+
+def _user_histograms(batches, recent: int):
+    """Per partition (all rows of its users): for every candidate row (label 0 or 1), from the user's
+    clicks (label ``CLICK``) strictly before it: whether the last one's category is the row's
+    (``same_category``), the share of the last ``recent`` in the row's category, in thousandths
+    (``category_share``), and whether one was of the row's item (``interacted_before``); as (stat,
+    value, pos, neg) histograms. Rows of an unknown category count in no category histogram.
+
+    Every key is a dense code times a dense time rank, so nothing overflows whatever the log's span."""
+    import numpy as np
+    import pandas as pd
+
+    df = pd.concat(list(batches), ignore_index=True)
+    if df.empty:
+        return
+    n = len(df)
+    t = np.unique(df["us"].to_numpy(np.int64), return_inverse=True)[1].astype(np.int64)  # time rank, < n
+    user = pd.factorize(df["user_id"])[0].astype(np.int64)
+    cat = pd.factorize(df["category"])[0].astype(np.int64)  # -1: unknown
+    pair = pd.factorize(pd.MultiIndex.from_arrays([df["user_id"], df["item_id"]]))[0].astype(np.int64)
+    is_click = (df["label"] == CLICK).to_numpy()
+    row, label = ~is_click, df["label"][~is_click].to_numpy(np.int64)
+
+    # The user's clicks in time order; a row's earlier clicks are positions [start, before) of it.
+    order = np.argsort(user[is_click] * (n + 1) + t[is_click], kind="stable")
+    click_key = (user[is_click] * (n + 1) + t[is_click])[order]
+    click_cat = cat[is_click][order]
+    before = np.searchsorted(click_key, user[row] * (n + 1) + t[row], side="left")
+    start = np.searchsorted(click_key, user[row] * (n + 1), side="left")
+    row_cat = cat[row]
+    known = row_cat >= 0
+    last_cat = np.full(len(before), -1, np.int64)  # -1: no click before (a partition may hold none at all)
+    last_cat[before > start] = click_cat[before[before > start] - 1]
+    same = (known & (last_cat == row_cat)).astype(np.int64)
+
+    # The last ``recent`` clicks: positions [lo, before); those in the row's category, by a sorted
+    # key of (user and category, position).
+    lo = np.maximum(start, before - recent)
+    m = len(click_key) + 1
+    group = np.unique(np.r_[user[is_click][order] * (n + 1) + click_cat + 1, user[row] * (n + 1) + row_cat + 1],
+                      return_inverse=True)[1].astype(np.int64)
+    click_group, row_group = group[:len(click_key)], group[len(click_key):]
+    in_group = np.sort(click_group * m + np.arange(len(click_key)))
+    hits = (np.searchsorted(in_group, row_group * m + before, side="left")
+            - np.searchsorted(in_group, row_group * m + lo, side="left"))
+    share = np.where(before > lo, np.rint(1000 * hits / np.maximum(before - lo, 1)), 0).astype(np.int64)
+
+    # The user's clicks of the row's item, by (user and item, time).
+    pair_clicks = np.sort(pair[is_click] * (n + 1) + t[is_click])
+    seen = (np.searchsorted(pair_clicks, pair[row] * (n + 1) + t[row], side="left")
+            - np.searchsorted(pair_clicks, pair[row] * (n + 1), side="left") > 0).astype(np.int64)
+
+    for stat, value, keep in (("same_category", same, known), ("category_share", share, known),
+                              ("interacted_before", seen, np.ones(len(seen), bool))):
+        if keep.any():
+            h = pd.DataFrame({"value": value[keep], "pos": label[keep], "neg": 1 - label[keep]}).groupby(
+                "value", as_index=False).sum()
+            yield h.assign(stat=stat)[["stat", "value", "pos", "neg"]]
 
 
 def clicks_to_requests(clicks: DataFrame, params: ClickLogConfig, source: str,

@@ -214,9 +214,9 @@ def ingest(spark, cfg, path: str, spec: ClickLogSpec, fmt: str = "csv", items_pa
         params = cfg.clicklog
         prior = _other_inputs_clicks(spark, cfg, spec.source, path, clicks, params)
         requests = clicks_to_requests(clicks, params, spec.source, prior)
-        pool_clicks = clicks.select("item_id", "ts")
+        pool_clicks = clicks.select("user_id", "item_id", "ts")
         if prior is not None:
-            pool_clicks = pool_clicks.unionByName(prior.select("item_id", "ts"))
+            pool_clicks = pool_clicks.unionByName(prior.select("user_id", "item_id", "ts"))
         events = clicks.select("user_id", "item_id", "ts", F.lit("click").alias("event_type"),
                                F.lit(spec.source).alias("source"), F.to_date("ts").alias("date"))
         return write_ingest(spark, cfg, source=spec.source, input_path=path, records_in=records_in,

@@ -154,7 +154,7 @@ def ingest(spark, cfg, path: str, spec: ImpressionLogSpec, fmt: str = "csv", ite
         truth = read_truth(spark, truth_path, spec.source) if truth_path else None
         return write_ingest(spark, cfg, source=spec.source, input_path=path, records_in=records_in,
                             requests=requests, events=events, items=items, quarantine=quarantine, started=started,
-                            other_inputs=tuple(other_inputs), pool_clicks=clicks.select("item_id", "ts"), truth=truth)
+                            other_inputs=tuple(other_inputs), pool_clicks=clicks.select("user_id", "item_id", "ts"), truth=truth)
     finally:
         parsed.unpersist()
         raw_input.release()

@@ -59,6 +59,9 @@ class IngestReport:
     recent_click_auc: float | None = None
     known_item_auc: float | None = None
     position_auc: float | None = None
+    same_category_auc: float | None = None  # the user's side (None where no candidate has a known category)
+    category_share_auc: float | None = None
+    interacted_before_auc: float | None = None
     leaks: tuple[str, ...] = ()  # generated candidates: statistics outside [quality]'s band, as "prior popularity AUC 0.017"
     candidates: str | None = None  # "generated" (a click log: SOLARIS drew the negatives) or "logged" (as shown)
     events_already_present: int = 0  # events another input had already brought (kept once)
@@ -78,8 +81,9 @@ class IngestReport:
     def leak_lines(self) -> list[str]:
         if self.popularity_auc is None:
             return []
-        stats = {"prior popularity": self.popularity_auc, "recent click": self.recent_click_auc,
-                 "known item": self.known_item_auc, "position": self.position_auc}
+        from include.config import LEAK_STATISTICS
+
+        stats = {label: getattr(self, key) for key, label in LEAK_STATISTICS}
         out = ["  leak check, single-feature AUC of the requests (0.5: no signal): "
                + ", ".join(f"{name} {v:.3f}" for name, v in stats.items() if v is not None)
                + ("" if self.candidates == "generated" else " (logged impressions: reported, not judged)")]
@@ -117,8 +121,8 @@ def write_ingest(spark, cfg, *, source: str, input_path: str, records_in: int, r
                  truth: DataFrame | None = None, generated: bool = False) -> IngestReport:
     """Validate, then write every output of one run. ``other_inputs`` are further files whose bad
     records are in ``quarantine`` (e.g. MIND's news.tsv beside behaviors.tsv). ``pool_clicks``: the
-    clicks of the log (for click logs, those the candidates were drawn from): the leak check runs
-    on them. ``generated``: the candidates were drawn by SOLARIS (a click log), so a statistic
+    clicks of the log (user_id, item_id, ts; for click logs, those the candidates were drawn from):
+    the leak check runs on them. ``generated``: the candidates were drawn by SOLARIS (a click log), so a statistic
     outside the band is a leak that training refuses; logged impressions are reported, not judged.
     ``truth``: known click probabilities of a simulated log, written to ``truth``."""
     if (problem := source_problem(source)) is not None:
@@ -171,9 +175,13 @@ def write_ingest(spark, cfg, *, source: str, input_path: str, records_in: int, r
             lake.replace(cfg, TRUTH, conform(truth.withColumn("input_path", F.lit(input_path)), TRUTH), mine)
         leak = {}
         if pool_clicks is not None and stats.rows:
-            from spark_jobs.candidates import leak_statistics
+            from feature_store.tables import qualified_name
+            from spark_jobs.candidates import leak_statistics, user_leak_statistics
 
-            leak = leak_statistics(requests, pool_clicks)
+            # the lake's item attributes (this input's among them, just merged): the user-side
+            # category statistics read every item's category that any input brought
+            categories = spark.table(qualified_name(ITEMS, cfg.lake.database)).select("item_id", "category")
+            leak = leak_statistics(requests, pool_clicks) | user_leak_statistics(requests, pool_clicks, categories)
             leak["leaks"] = tuple(cfg.quality.leaks(leak)) if generated else ()
         reasons = (quarantine.groupBy(F.col("reason").alias("r")).count()
                    .orderBy(F.desc("count"), "r").collect())

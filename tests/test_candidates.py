@@ -254,3 +254,62 @@ def test_leak_statistics_count_each_window_as_a_range_over_the_items_clicks(spar
         keys = np.unique(v)
         want = auc_from_histogram(keys, [labels[v == k].sum() for k in keys], [(1 - labels[v == k]).sum() for k in keys])
         assert got[name] == pytest.approx(want), name
+
+
+def test_user_leak_statistics_count_each_users_clicks_strictly_before_the_request(spark):
+    """The user-side statistics against a direct count: the category of the user's last click before
+    the request, the share of the user's last ``recent`` clicks in the candidate's category (rows of
+    an unknown category in neither histogram), and any click of the pair before."""
+    import numpy as np
+    import pandas as pd
+
+    from model.metrics import auc_from_histogram
+    from spark_jobs.candidates import _user_histograms, user_leak_statistics
+
+    rng = np.random.default_rng(11)
+    minute = 60 * 10**6
+    users, items = ["u1", "u2", "u3", "u4"], [f"i{n}" for n in range(12)]
+    category = {i: f"c{n % 3}" for n, i in enumerate(items[:9])}  # i9..i11: no known category
+    click_us = rng.choice(np.arange(0, 24 * 60), 160, replace=False) * minute  # one click per time
+    click_users, click_items = rng.choice(users, 160), rng.choice(items, 160)
+    req_us = rng.integers(0, 24 * 60, 500) * minute + rng.choice([0, 1], 500)  # some on a click's time
+    req_users, req_items, labels = rng.choice(users, 500), rng.choice(items, 500), rng.integers(0, 2, 500)
+    t0 = datetime(2026, 1, 5)
+    as_ts = lambda us: [t0 + timedelta(microseconds=int(u)) for u in us]  # noqa: E731
+    clicks = spark.createDataFrame(list(zip(click_users.tolist(), click_items.tolist(), as_ts(click_us))),
+                                   "user_id string, item_id string, ts timestamp")
+    requests = spark.createDataFrame([(u, i, t, int(lab)) for u, i, t, lab in
+                                      zip(req_users.tolist(), req_items.tolist(), as_ts(req_us), labels)]
+                                     + [("u1", "i1", t0, None)], "user_id string, item_id string, ts timestamp, label int")
+    categories = spark.createDataFrame(sorted(category.items()), "item_id string, category string")
+    got = user_leak_statistics(requests, clicks, categories, recent=3)
+
+    same, share, seen, known = [], [], [], []
+    for u, i, t in zip(req_users, req_items, req_us):
+        mine = sorted((cu, ci) for cu, ci, cu_user in zip(click_us, click_items, click_users) if cu_user == u and cu < t)
+        last3 = [category.get(ci) for _, ci in mine[-3:]]
+        c = category.get(i)
+        known.append(c is not None)
+        same.append(int(c is not None and bool(mine) and category.get(mine[-1][1]) == c))
+        share.append(round(1000 * last3.count(c) / len(last3)) if last3 and c is not None else 0)
+        seen.append(int(any(ci == i for _, ci in mine)))
+    known = np.array(known)
+
+    def want(values, keep):
+        v, lab = np.asarray(values)[keep], labels[keep]
+        keys = np.unique(v)
+        return auc_from_histogram(keys, [lab[v == k].sum() for k in keys], [(1 - lab[v == k]).sum() for k in keys])
+
+    assert got["same_category_auc"] == pytest.approx(want(same, known))
+    assert got["category_share_auc"] == pytest.approx(want(share, known))
+    assert got["interacted_before_auc"] == pytest.approx(want(seen, np.ones(len(seen), bool)))
+    assert len(set(share)) > 3 and sum(seen) > 20 and sum(same) > 20  # the data exercises every statistic
+    # a partition whose users have requests and no click at all: every row counts, as no click before
+    alone = pd.DataFrame({"user_id": ["u9", "u9"], "item_id": ["i1", "i2"], "us": [5, 6], "label": [1, 0],
+                          "category": ["c1", None]})
+    hist = pd.concat(_user_histograms(iter([alone]), 3))
+    assert sorted(map(tuple, hist.to_numpy().tolist())) == [("category_share", 0, 1, 0), ("interacted_before", 0, 1, 1),
+                                                            ("same_category", 0, 1, 0)]
+    nothing = user_leak_statistics(requests, clicks, None)
+    assert nothing["same_category_auc"] is None and nothing["category_share_auc"] is None
+    assert nothing["interacted_before_auc"] == pytest.approx(got["interacted_before_auc"])

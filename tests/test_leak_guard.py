@@ -112,3 +112,43 @@ def test_a_log_from_before_2000_ingests_and_trains(spark, lake_root, tmp_path_fa
     assert wrong.requests == 0 and wrong.quarantined == n
     assert "every record was quarantined as 'timestamp looks like seconds read as milliseconds" in \
         "\n".join(wrong.lines(cfg.lake.database))
+
+
+def test_a_user_who_browses_one_category_is_a_leak_the_user_side_check_finds(spark, lake_root, tmp_path_factory):
+    """Each user clicks, again and again, the few items of one category, and the generator draws the
+    negatives from the whole catalogue (the clicks of other users that follow): the clicked item
+    continues what the user was browsing and a negative does not. The item's side reads nothing
+    there; each user-side statistic separates the labels by itself, and training refuses the log."""
+    import numpy as np
+    import pandas as pd
+
+    from model.data import require_leak_free
+
+    rng = np.random.default_rng(5)
+    n_users, n_categories, per_category = 160, 32, 5
+    home = rng.integers(0, n_categories, n_users)
+    rows = []
+    for u in range(n_users):
+        for ms in np.sort(rng.integers(0, 24 * 3600 * 1000, 12)):
+            item = home[u] * per_category + rng.integers(0, per_category)
+            rows.append((f"u{u}", f"i{item}", 1767571200000 + int(ms), "1", "0", "0", "1", f"c{home[u]}"))
+    path = tmp_path_factory.mktemp("browsing") / "clicks.csv"
+    pd.DataFrame(rows, columns=["user_id", "item_id", "ts", "surface", "device", "region", "referrer",
+                                "category"]).to_csv(path, index=False)
+    cfg = _test_config(lake_root / "browsing", database="t_browsing")
+    ensure_database(spark, cfg)
+    spec = ic.ClickLogSpec(source="browsing", mapping={**ic.PRESETS["generic"]["mapping"], "category": "category"})
+    report = ic.ingest(spark, cfg, str(path), spec)
+
+    assert all(0.40 <= v <= 0.65 for v in (report.popularity_auc, report.recent_click_auc, report.known_item_auc,
+                                            report.position_auc)), report  # the item's side sees nothing
+    for label, value in (("same category as the last click", report.same_category_auc),
+                         ("share of recent clicks in the category", report.category_share_auc),
+                         ("clicked by the user before", report.interacted_before_auc)):
+        assert value > 0.65 and f"{label} AUC {value:.3f}" in report.leaks, (label, report)
+    assert any(line.startswith("  WARNING: same category as the last click AUC") for line in report.lines("t_browsing"))
+    run = spark.table("t_browsing.ingest_runs").collect()[0]
+    assert (run.same_category_auc, run.category_share_auc, run.interacted_before_auc) == \
+        (report.same_category_auc, report.category_share_auc, report.interacted_before_auc)
+    with pytest.raises(LeakingCandidates, match="refusing to train on source 'browsing'"):
+        require_leak_free(cfg, "browsing")
