@@ -165,6 +165,17 @@ class QualityConfig:
                 if stats.get(key) is not None and stats[key] == stats[key]
                 and not self.leak_auc_min <= stats[key] <= self.leak_auc_max]
 
+    @staticmethod
+    def leak_advice(findings: list[str]) -> str:
+        """What to try about ``findings`` (``leaks``' lines, maybe after "INPUT: "). Where only the
+        user's side leaks, the default pool is what gives it away (its negatives are clicks of
+        anybody, while a user's click continues what the user browses): re-ingesting cannot help."""
+        user_side = tuple(f"{label} AUC" for key, label in LEAK_STATISTICS if key in USER_SIDE_LEAKS)
+        if findings and all(any(mark in f for mark in user_side) for f in findings):
+            return ("its negatives are not what a ranker would show this user (spark_jobs/candidates.py); "
+                    "ingest a log of what was shown (--data impressions) if there is one")
+        return "re-ingest it with the default [clicklog] pool (spark_jobs/candidates.py)"
+
 
 # The leak check's single-feature AUCs of generated candidates (spark_jobs/candidates.py), as
 # stored in ingest_runs, and how reports name them: the item's side, the position, the user's side.
@@ -173,6 +184,7 @@ LEAK_STATISTICS = (("popularity_auc", "prior popularity"), ("recent_click_auc", 
                    ("same_category_auc", "same category as the last click"),
                    ("category_share_auc", "share of recent clicks in the category"),
                    ("interacted_before_auc", "clicked by the user before"))
+USER_SIDE_LEAKS = ("same_category_auc", "category_share_auc", "interacted_before_auc")  # what the user's history shows
 
 
 @dataclass(frozen=True)

@@ -93,10 +93,10 @@ def require_leak_free(cfg, source: str | None) -> list[str]:
     q = cfg.quality
     if leaks and not q.allow_leaking_candidates:
         more = f" (and {len(leaks) - 1} more)" if len(leaks) > 1 else ""
+        what = q.leak_advice(leaks)
         raise LeakingCandidates(
             f"refusing to train on source {source or 'all'!r}: its generated candidates give the label away, "
-            f"{leaks[0]}{more}, outside [{q.leak_auc_min}, {q.leak_auc_max}]; re-ingest it with the default "
-            f"[clicklog] pool (spark_jobs/candidates.py), or pass --allow-leaking-candidates "
+            f"{leaks[0]}{more}, outside [{q.leak_auc_min}, {q.leak_auc_max}]; {what}, or pass --allow-leaking-candidates "
             f"([quality] allow_leaking_candidates = true) to go on with every figure marked as leaking")
     return leaks
 

@@ -262,6 +262,11 @@ def test_the_leak_check_warns_outside_its_band_and_not_on_one_class():
     nan = float("nan")
     assert q.leaks({"popularity_auc": nan, "recent_click_auc": nan, "position_auc": nan}) == []  # one class: nothing to judge
     assert QualityConfig(leak_auc_min=0.2).leaks({"popularity_auc": 0.30}) == []  # the band is the config's
+    # the user's side is judged in the same band, and where only it leaks the default pool is not the advice
+    user = q.leaks({"popularity_auc": 0.5, "same_category_auc": 0.95, "category_share_auc": 0.6, "interacted_before_auc": 0.3})
+    assert user == ["same category as the last click AUC 0.950", "clicked by the user before AUC 0.300"]
+    assert "--data impressions" in q.leak_advice([f"f.csv: {f}" for f in user]) and "default" not in q.leak_advice(user)
+    assert "default [clicklog] pool" in q.leak_advice(["f.csv: recent click AUC 0.200", f"f.csv: {user[0]}"])
     base = dict(run_id="r", source="s", input_path="p", records_in=1, request_rows=1, requests=1, event_rows=1,
                 item_rows=0, quarantined=0, min_ts=None, max_ts=None, seconds=0.0, finished_at=datetime(2026, 1, 1))
     lines = IngestReport(**base, popularity_auc=0.3, recent_click_auc=0.5, position_auc=0.5,

@@ -150,5 +150,9 @@ def test_a_user_who_browses_one_category_is_a_leak_the_user_side_check_finds(spa
     run = spark.table("t_browsing.ingest_runs").collect()[0]
     assert (run.same_category_auc, run.category_share_auc, run.interacted_before_auc) == \
         (report.same_category_auc, report.category_share_auc, report.interacted_before_auc)
-    with pytest.raises(LeakingCandidates, match="refusing to train on source 'browsing'"):
+    # the advice fits the finding: the default pool is what leaks here, so it is not offered
+    with pytest.raises(LeakingCandidates, match=r"refusing to train on source 'browsing'.*: same category as the last "
+                                                r"click AUC 0\.\d+ \(and 2 more\).*not what a ranker would show this user.*"
+                                                r"--data impressions.*--allow-leaking-candidates") as refused:
         require_leak_free(cfg, "browsing")
+    assert "default [clicklog] pool" not in str(refused.value)
