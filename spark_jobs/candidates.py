@@ -146,24 +146,46 @@ def leak_statistics(requests: DataFrame, clicks: DataFrame) -> dict[str, float]:
     clicks and returns histograms only. (A Spark range window over the same rows recomputes its sum
     for every row, since a sum cannot take rows out of a sliding frame: on the whole Globo log, with
     tens of thousands of rows an hour for a popular item, that ran for most of an hour.)"""
-    from model.metrics import auc_from_histogram
-
     labelled = requests.where(F.col("label").isNotNull())
-    both = (clicks.select("item_id", F.unix_micros("ts").alias("us"), F.lit(CLICK).alias("label"))
-            .unionByName(labelled.select("item_id", F.unix_micros("ts").alias("us"), F.col("label").cast("int"))))
-    hist = (both.repartition("item_id").mapInPandas(_window_histograms, "stat string, value long, pos long, neg long")
-            .groupBy("stat", "value").agg(F.sum("pos").alias("pos"), F.sum("neg").alias("neg")).collect())
+    hist = _histograms(_clicks_and_rows(clicks, labelled, "item_id"), "item_id", _window_histograms)
     positions = labelled.groupBy(F.col("position").cast("long").alias("value")).agg(
         F.sum("label").alias("pos"), F.sum(1 - F.col("label")).alias("neg")).collect()
     out = {}
     for name, stat in (("popularity_auc", "prior_clicks"), ("recent_click_auc", "recent_click"),
                        ("known_item_auc", "known_item"), ("position_auc", None)):
-        rows = positions if stat is None else [r for r in hist if r.stat == stat]
-        out[name] = auc_from_histogram([r.value for r in rows], [r.pos for r in rows], [r.neg for r in rows])
+        out[name] = _auc(positions if stat is None else [r for r in hist if r.stat == stat])
     return out
 
 
-CLICK = -1  # the label of a click row among the candidate rows in ``_window_histograms``
+CLICK = -1  # the label of a click row among the candidate rows in the histogram passes
+
+
+def _clicks_and_rows(clicks: DataFrame, labelled: DataFrame, *keys: str) -> DataFrame:
+    """The input of a histogram pass: ``clicks`` (label ``CLICK``) and the labelled candidate rows, as
+    (keys..., us: the time in epoch microseconds, label)."""
+    return (clicks.select(*keys, F.unix_micros("ts").alias("us"), F.lit(CLICK).alias("label"))
+            .unionByName(labelled.select(*keys, F.unix_micros("ts").alias("us"), F.col("label").cast("int"))))
+
+
+def _histograms(rows: DataFrame, key: str, per_partition) -> list:
+    """``per_partition``'s (stat, value, pos, neg) histograms over ``rows`` shuffled by ``key`` (all
+    rows of a key in one partition), summed over the partitions: the driver gets histograms only."""
+    return (rows.repartition(key).mapInPandas(per_partition, "stat string, value long, pos long, neg long")
+            .groupBy("stat", "value").agg(F.sum("pos").alias("pos"), F.sum("neg").alias("neg")).collect())
+
+
+def _auc(rows) -> float:
+    from model.metrics import auc_from_histogram
+
+    return auc_from_histogram([r.value for r in rows], [r.pos for r in rows], [r.neg for r in rows])
+
+
+def _histogram(stat: str, value, label):
+    """One statistic's (stat, value, pos, neg) rows: per value, the positive and negative candidate rows."""
+    import pandas as pd
+
+    h = pd.DataFrame({"value": value, "pos": label, "neg": 1 - label}).groupby("value", as_index=False).sum()
+    return h.assign(stat=stat)[["stat", "value", "pos", "neg"]]
 
 
 def _window_histograms(batches):
@@ -190,8 +212,7 @@ def _window_histograms(batches):
               "recent_click": (before - np.searchsorted(clicks, rows - 24 * hour_us, side="left") > 0).astype(np.int64),
               "known_item": (before - start_of_item > 0).astype(np.int64)}
     for stat, value in counts.items():
-        h = pd.DataFrame({"value": value, "pos": label, "neg": 1 - label}).groupby("value", as_index=False).sum()
-        yield h.assign(stat=stat)[["stat", "value", "pos", "neg"]]
+        yield _histogram(stat, value, label)
 
 
 RECENT_CLICKS = 10  # the user-side check's "recent clicks": the user's last this many clicks before the request
@@ -210,25 +231,18 @@ def user_leak_statistics(requests: DataFrame, clicks: DataFrame, categories: Dat
 
     One shuffle puts each user's clicks and candidate rows in one partition; each partition ranks
     them in time and counts by binary search, returning histograms only (as ``leak_statistics``)."""
-    from model.metrics import auc_from_histogram
-
-    labelled = requests.where(F.col("label").isNotNull())
-    both = (clicks.select("user_id", "item_id", F.unix_micros("ts").alias("us"), F.lit(CLICK).alias("label"))
-            .unionByName(labelled.select("user_id", "item_id", F.unix_micros("ts").alias("us"),
-                                         F.col("label").cast("int"))))
+    both = _clicks_and_rows(clicks, requests.where(F.col("label").isNotNull()), "user_id", "item_id")
     if categories is not None:
         known = categories.where(F.col("category").isNotNull()).select("item_id", "category").dropDuplicates(["item_id"])
         both = both.join(known, "item_id", "left")
     else:
         both = both.withColumn("category", F.lit(None).cast("string"))
-    hist = (both.repartition("user_id")
-            .mapInPandas(lambda batches: _user_histograms(batches, recent), "stat string, value long, pos long, neg long")
-            .groupBy("stat", "value").agg(F.sum("pos").alias("pos"), F.sum("neg").alias("neg")).collect())
+    hist = _histograms(both, "user_id", lambda batches: _user_histograms(batches, recent))
     out = {}
     for name, stat in (("same_category_auc", "same_category"), ("category_share_auc", "category_share"),
                        ("interacted_before_auc", "interacted_before")):
         rows = [r for r in hist if r.stat == stat]
-        out[name] = auc_from_histogram([r.value for r in rows], [r.pos for r in rows], [r.neg for r in rows]) if rows else None
+        out[name] = _auc(rows) if rows else None
     return out
 
 
@@ -255,9 +269,9 @@ def _user_histograms(batches, recent: int):
     row, label = ~is_click, df["label"][~is_click].to_numpy(np.int64)
 
     # The user's clicks in time order; a row's earlier clicks are positions [start, before) of it.
-    order = np.argsort(user[is_click] * (n + 1) + t[is_click], kind="stable")
-    click_key = (user[is_click] * (n + 1) + t[is_click])[order]
-    click_cat = cat[is_click][order]
+    key = user[is_click] * (n + 1) + t[is_click]
+    order = np.argsort(key, kind="stable")
+    click_key, click_user, click_cat = key[order], user[is_click][order], cat[is_click][order]
     before = np.searchsorted(click_key, user[row] * (n + 1) + t[row], side="left")
     start = np.searchsorted(click_key, user[row] * (n + 1), side="left")
     row_cat = cat[row]
@@ -270,7 +284,7 @@ def _user_histograms(batches, recent: int):
     # key of (user and category, position).
     lo = np.maximum(start, before - recent)
     m = len(click_key) + 1
-    group = np.unique(np.r_[user[is_click][order] * (n + 1) + click_cat + 1, user[row] * (n + 1) + row_cat + 1],
+    group = np.unique(np.r_[click_user * (n + 1) + click_cat + 1, user[row] * (n + 1) + row_cat + 1],
                       return_inverse=True)[1].astype(np.int64)
     click_group, row_group = group[:len(click_key)], group[len(click_key):]
     in_group = np.sort(click_group * m + np.arange(len(click_key)))
@@ -286,9 +300,7 @@ def _user_histograms(batches, recent: int):
     for stat, value, keep in (("same_category", same, known), ("category_share", share, known),
                               ("interacted_before", seen, np.ones(len(seen), bool))):
         if keep.any():
-            h = pd.DataFrame({"value": value[keep], "pos": label[keep], "neg": 1 - label[keep]}).groupby(
-                "value", as_index=False).sum()
-            yield h.assign(stat=stat)[["stat", "value", "pos", "neg"]]
+            yield _histogram(stat, value[keep], label[keep])
 
 
 def clicks_to_requests(clicks: DataFrame, params: ClickLogConfig, source: str,

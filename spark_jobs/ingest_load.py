@@ -24,7 +24,8 @@ from pyspark.sql import functions as F
 
 from feature_store import lake, quality
 from feature_store.tables import (INGEST_RUNS, ITEMS, REQUEST_LOG, REQUEST_LOG_QUARANTINE, TRUTH, USER_EVENTS,
-                                  conform, ensure_tables)
+                                  conform, ensure_tables, qualified_name)
+from include.config import LEAK_STATISTICS
 from spark_jobs.raw_input import InputError
 
 
@@ -81,8 +82,6 @@ class IngestReport:
     def leak_lines(self) -> list[str]:
         if self.popularity_auc is None:
             return []
-        from include.config import LEAK_STATISTICS
-
         stats = {label: getattr(self, key) for key, label in LEAK_STATISTICS}
         out = ["  leak check, single-feature AUC of the requests (0.5: no signal): "
                + ", ".join(f"{name} {v:.3f}" for name, v in stats.items() if v is not None)
@@ -175,7 +174,6 @@ def write_ingest(spark, cfg, *, source: str, input_path: str, records_in: int, r
             lake.replace(cfg, TRUTH, conform(truth.withColumn("input_path", F.lit(input_path)), TRUTH), mine)
         leak = {}
         if pool_clicks is not None and stats.rows:
-            from feature_store.tables import qualified_name
             from spark_jobs.candidates import leak_statistics, user_leak_statistics
 
             # the lake's item attributes (this input's among them, just merged): the user-side
@@ -218,7 +216,7 @@ def _without_other_inputs(spark, cfg, source: str, input_path: str, requests: Da
     ``request_log`` from another input (returned as quarantine rows, one per request: raw, reason)
     and events whose key is in ``user_events`` from another input (left out and counted: the row
     is there once). Only this input's time range of each table is read."""
-    from feature_store.tables import in_time_range, qualified_name
+    from feature_store.tables import in_time_range
 
     other = (F.col("source") == source) & (F.col("input_path").isNull() | (F.col("input_path") != input_path))
 

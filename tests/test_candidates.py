@@ -224,8 +224,6 @@ def test_leak_statistics_count_each_window_as_a_range_over_the_items_clicks(spar
     (clicks of the item strictly before the row: in the hour, in the 24 hours, ever)."""
     import numpy as np
 
-    from model.metrics import auc_from_histogram
-
     rng = np.random.default_rng(3)
     minute = 60 * 10**6
     click_us = rng.integers(0, 48 * 60, 400) * minute
@@ -250,10 +248,17 @@ def test_leak_statistics_count_each_window_as_a_range_over_the_items_clicks(spar
     hour = 60 * minute
     for name, value in (("popularity_auc", direct(hour)), ("recent_click_auc", direct(24 * hour) > 0),
                         ("known_item_auc", direct(10**15) > 0)):
-        v = np.asarray(value, np.int64)
-        keys = np.unique(v)
-        want = auc_from_histogram(keys, [labels[v == k].sum() for k in keys], [(1 - labels[v == k]).sum() for k in keys])
-        assert got[name] == pytest.approx(want), name
+        assert got[name] == pytest.approx(histogram_auc(np.asarray(value, np.int64), labels)), name
+
+
+def histogram_auc(values, labels) -> float:
+    """The AUC of a statistic's values, counted directly from the rows (the tests' reference)."""
+    import numpy as np
+
+    from model.metrics import auc_from_histogram
+
+    keys = np.unique(values)
+    return auc_from_histogram(keys, [labels[values == k].sum() for k in keys], [(1 - labels[values == k]).sum() for k in keys])
 
 
 def test_user_leak_statistics_count_each_users_clicks_strictly_before_the_request(spark):
@@ -263,7 +268,6 @@ def test_user_leak_statistics_count_each_users_clicks_strictly_before_the_reques
     import numpy as np
     import pandas as pd
 
-    from model.metrics import auc_from_histogram
     from spark_jobs.candidates import _user_histograms, user_leak_statistics
 
     rng = np.random.default_rng(11)
@@ -294,15 +298,9 @@ def test_user_leak_statistics_count_each_users_clicks_strictly_before_the_reques
         share.append(round(1000 * last3.count(c) / len(last3)) if last3 and c is not None else 0)
         seen.append(int(any(ci == i for _, ci in mine)))
     known = np.array(known)
-
-    def want(values, keep):
-        v, lab = np.asarray(values)[keep], labels[keep]
-        keys = np.unique(v)
-        return auc_from_histogram(keys, [lab[v == k].sum() for k in keys], [(1 - lab[v == k]).sum() for k in keys])
-
-    assert got["same_category_auc"] == pytest.approx(want(same, known))
-    assert got["category_share_auc"] == pytest.approx(want(share, known))
-    assert got["interacted_before_auc"] == pytest.approx(want(seen, np.ones(len(seen), bool)))
+    assert got["same_category_auc"] == pytest.approx(histogram_auc(np.asarray(same)[known], labels[known]))
+    assert got["category_share_auc"] == pytest.approx(histogram_auc(np.asarray(share)[known], labels[known]))
+    assert got["interacted_before_auc"] == pytest.approx(histogram_auc(np.asarray(seen), labels))
     assert len(set(share)) > 3 and sum(seen) > 20 and sum(same) > 20  # the data exercises every statistic
     # a partition whose users have requests and no click at all: every row counts, as no click before
     alone = pd.DataFrame({"user_id": ["u9", "u9"], "item_id": ["i1", "i2"], "us": [5, 6], "label": [1, 0],
